@@ -1,0 +1,1 @@
+"""The deployed job: source records, Debezium decoding, ordering, sources, ingest, CLI."""

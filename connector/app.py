@@ -1,0 +1,108 @@
+"""Orchestration used by the CLI: ingest, compact, status. No printing here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from pyiceberg.catalog import Catalog
+
+from connector.config import Settings
+from connector.debezium import Decoder
+from connector.pipeline import IngestStats, ingest
+from connector.sources import load_source
+from iceberg.catalog import load_catalog
+from iceberg.compaction.policy import CompactionPolicy
+from iceberg.compaction.stats import load_optional, stream_stats
+from iceberg.layouts import TableNames, source_tables
+
+
+def policy_of(settings: Settings) -> CompactionPolicy:
+    c = settings.compaction
+    return CompactionPolicy(
+        ordering=c.ordering,
+        min_cleanable_dirty_ratio=c.min_cleanable_dirty_ratio,
+        min_compaction_lag=timedelta(seconds=c.min_compaction_lag_seconds),
+        max_compaction_lag=timedelta(seconds=c.max_compaction_lag_seconds) if c.max_compaction_lag_seconds else None,
+        tombstone_retention=timedelta(hours=c.tombstone_retention_hours),
+    )
+
+
+def table_names(settings: Settings, catalog: Catalog, only: list[str] | None = None) -> list[TableNames]:
+    names = source_tables([n for _, n in catalog.list_tables(settings.catalog.namespace)])
+    if only:
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            from connector.errors import ConfigError
+
+            raise ConfigError(f"--table {unknown}: no such source table (known: {names or 'none yet: ingest first'})")
+        names = [n for n in names if n in only]
+    return [TableNames(settings.catalog.name, settings.catalog.namespace, n) for n in names]
+
+
+def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | None = None,
+               max_records: int | None = None) -> IngestStats:
+    if not settings.source.path and settings.source.type == "file":
+        from connector.errors import ConfigError
+
+        raise ConfigError("source.path: set the replay file (config file or CDCLAKE_SOURCE__PATH)")
+    catalog = load_catalog(settings)
+    with load_source(settings.source) as source:
+        return ingest(source, catalog, settings.catalog.namespace, Decoder(settings.key_fields()),
+                      settings.source.batch_size, on_batch, max_records)
+
+
+def run_compaction(settings: Settings, tables: list[str] | None = None, force: bool = False,
+                   now: datetime | None = None, on_table: Callable[[str], None] | None = None) -> list:
+    from iceberg.compaction.job import compact
+    from iceberg.spark import get_spark
+
+    catalog = load_catalog(settings)
+    spark = get_spark(settings)
+    reports = []
+    for names in table_names(settings, catalog, tables):
+        if on_table:
+            on_table(names.state)
+        reports.append(compact(spark, catalog, names, policy_of(settings), now or datetime.now(timezone.utc), force))
+    return reports
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    table: str
+    stream: str
+    cleaner_point: int
+    dirty_events: int
+    dirty_bytes: int
+    clean_bytes: int
+    dirty_ratio: float
+    live_rows: int
+    tombstones: int
+
+
+def _count_by_stream(table) -> dict[str, int]:
+    if table is None:
+        return {}
+    rows = table.scan(selected_fields=("_topic", "_partition_id")).to_arrow()
+    if rows.num_rows == 0:
+        return {}
+    g = rows.group_by(["_topic", "_partition_id"]).aggregate([("_topic", "count")])
+    return {f"{t}:{p}": n for t, p, n in zip(*(g.column(i).to_pylist() for i in range(3)))}
+
+
+def status(settings: Settings, now: datetime | None = None) -> list[StreamStatus]:
+    catalog = load_catalog(settings)
+    policy, now = policy_of(settings), now or datetime.now(timezone.utc)
+    out = []
+    for names in table_names(settings, catalog):
+        live = _count_by_stream(load_optional(catalog, names.state))
+        dead = _count_by_stream(load_optional(catalog, names.tombstones))
+        for s in stream_stats(catalog, names, policy, now):
+            if s.dirty_events == 0 and s.stream not in live and s.stream not in dead and s.cleaner_point == 0:
+                continue  # a stream that feeds other tables
+            total = s.clean_bytes + s.dirty_bytes
+            out.append(StreamStatus(names.table, s.stream, s.cleaner_point, s.dirty_events, s.dirty_bytes,
+                                    s.clean_bytes, round(s.dirty_bytes / total, 3) if total else 0.0,
+                                    live.get(s.stream, 0), dead.get(s.stream, 0)))
+    return out

@@ -1,0 +1,109 @@
+"""One configuration object, from a TOML file and `CDCLAKE_*` environment variables.
+
+Environment variables override the file; nested keys use `__`, for example
+`CDCLAKE_COMPACTION__TOMBSTONE_RETENTION_HOURS=48` or `CDCLAKE_SOURCE__PATH=dump.jsonl`.
+Every error names the offending key.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from connector.errors import ConfigError
+
+_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cdclake_config_file", default=None)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CatalogConfig(_Section):
+    name: str = Field("lake", description="catalog name, the same for pyiceberg and Spark")
+    uri: str | None = Field(None, description="SQLAlchemy URI of the SQL catalog; default <work_dir>/catalog.db")
+    warehouse: str | None = Field(None, description="warehouse location; default <work_dir>/warehouse")
+    namespace: str = "cdc"
+    properties: dict[str, str] = Field(default_factory=dict, description="extra FileIO properties (s3.*, adls.*)")
+
+
+class SourceConfig(_Section):
+    type: Literal["file"] = "file"
+    path: str | None = None
+    topic: str | None = Field(None, description="topic for file lines that carry none")
+    batch_size: int = Field(50_000, gt=0, description="records per ingest commit")
+
+
+class CompactionConfig(_Section):
+    ordering: Literal["source", "log"] = "source"
+    min_cleanable_dirty_ratio: float = Field(0.5, ge=0.0, le=1.0)
+    min_compaction_lag_seconds: float = Field(0.0, ge=0.0)
+    max_compaction_lag_seconds: float | None = Field(None, gt=0.0, description="unset = infinite")
+    tombstone_retention_hours: float = Field(24.0, ge=0.0)
+
+
+class TableConfig(_Section):
+    key_fields: list[str] = Field(default_factory=list, description="payload fields forming the key")
+
+
+class SparkConfig(_Section):
+    master: str = "local[2]"
+    driver_memory: str = "4g"
+    shuffle_partitions: int = Field(8, gt=0)
+    jars_dir: str | None = Field(None, description="directory of Spark's JVM jars; default <repo>/.cache/jars")
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CDCLAKE_", env_nested_delimiter="__", extra="forbid", frozen=True)
+
+    work_dir: Path = Path(".cdclake")
+    catalog: CatalogConfig = CatalogConfig()
+    source: SourceConfig = SourceConfig()
+    compaction: CompactionConfig = CompactionConfig()
+    spark: SparkConfig = SparkConfig()
+    tables: dict[str, TableConfig] = Field(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = _CONFIG_FILE.get()
+        toml = (TomlConfigSettingsSource(settings_cls, toml_file=path),) if path else ()
+        return (init_settings, env_settings, *toml)
+
+    @property
+    def root(self) -> Path:
+        return self.work_dir.resolve()
+
+    @property
+    def catalog_uri(self) -> str:
+        return self.catalog.uri or f"sqlite:///{self.root / 'catalog.db'}"
+
+    @property
+    def warehouse(self) -> str:
+        return self.catalog.warehouse or (self.root / "warehouse").as_uri()
+
+    def key_fields(self) -> dict[str, list[str]]:
+        return {t: c.key_fields for t, c in self.tables.items() if c.key_fields}
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Settings from `path` (TOML), the environment and `overrides`, validated now."""
+    if path is not None and not Path(path).is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    token = _CONFIG_FILE.set(Path(path) if path else None)
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        where = f" in {path}" if path else ""
+        raise ConfigError(f"invalid configuration{where} (or CDCLAKE_* environment): {problems}") from None
+    finally:
+        _CONFIG_FILE.reset(token)

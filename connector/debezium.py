@@ -1,0 +1,262 @@
+"""Debezium decoding (pure): SourceRecord -> ChangeEvent, or DecodeError for a dead letter.
+
+Accepts Kafka Connect JsonConverter output with `schemas.enable` true (`{"schema",
+"payload"}`) and false (the bare envelope), the ExtractNewRecordState (unwrap) output
+(`__op`, `__deleted`, `__source_*` fields), and null-value tombstones. Avro's JSON encoding
+(unions such as `{"string": "x"}`) is rejected with reason `avro-json`: decode Avro first.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any, Callable, Mapping, Sequence
+
+import orjson
+
+from connector.errors import DecodeError
+from connector.ordering import is_snapshot, source_position
+from connector.records import ChangeEvent, DeadLetter, SourceRecord
+
+OPS = frozenset("cudrt")
+MAX_TOPICS = 10_000  # bound of the learned topic -> table map
+
+_EPOCH = datetime(1970, 1, 1)
+_TABLE_CHARS = re.compile(r"[^a-z0-9_]+")
+
+# Kafka Connect primitive types -> Spark SQL types.
+_PRIMITIVE = {
+    "int8": "int", "int16": "int", "int32": "int", "int64": "bigint",
+    "float32": "float", "float64": "double", "boolean": "boolean",
+    "string": "string", "bytes": "binary",
+}
+
+
+def canonical(value: Any) -> str:
+    """A stable text form of a key: compact JSON with sorted fields; bare strings as-is."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def table_name(text: str) -> str:
+    """A Debezium table or topic segment as an Iceberg table name."""
+    name = _TABLE_CHARS.sub("_", text.lower()).strip("_")
+    if not name:
+        raise DecodeError("route", f"cannot derive a table name from {text!r}")
+    return name
+
+
+def topic_table(topic: str) -> str:
+    """Debezium names topics `<prefix>.<schema>.<table>`: the last segment is the table."""
+    return table_name(topic.rsplit(".", 1)[-1])
+
+
+def _ts_micros(micros: int) -> str:
+    return (_EPOCH + timedelta(microseconds=micros)).isoformat(sep=" ")
+
+
+def _decimal(scale: int) -> Callable[[Any], str]:
+    def convert(v: Any) -> str:
+        raw = base64.b64decode(v) if isinstance(v, str) else bytes(v)
+        return str(Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale))
+
+    return convert
+
+
+def _variable_decimal(v: Any) -> str:
+    return str(Decimal(int.from_bytes(base64.b64decode(v["value"]), "big", signed=True)).scaleb(-int(v["scale"])))
+
+
+def _json_text(v: Any) -> str:
+    return orjson.dumps(v, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _field_codec(field: Mapping[str, Any]) -> tuple[str, Callable[[Any], Any]]:
+    """(Spark type, converter to a castable JSON scalar) for one Connect schema field."""
+    name, ftype = field.get("name"), field.get("type")
+    params = field.get("parameters") or {}
+    ident: Callable[[Any], Any] = lambda v: v  # noqa: E731
+    if name in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
+        return "date", lambda v: (date(1970, 1, 1) + timedelta(days=int(v))).isoformat()
+    if name in ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp"):
+        return "timestamp_ntz", lambda v: _ts_micros(int(v) * 1000)
+    if name == "io.debezium.time.MicroTimestamp":
+        return "timestamp_ntz", lambda v: _ts_micros(int(v))
+    if name == "io.debezium.time.NanoTimestamp":
+        return "timestamp_ntz", lambda v: _ts_micros(int(v) // 1000)
+    if name == "io.debezium.time.ZonedTimestamp":
+        return "timestamp", ident
+    if name == "org.apache.kafka.connect.data.Decimal":
+        scale = int(params.get("scale", 0))
+        precision = min(int(params.get("connect.decimal.precision", 38)), 38)
+        return f"decimal({max(precision, scale)},{scale})", _decimal(scale)
+    if name == "io.debezium.data.VariableScaleDecimal":
+        return "string", _variable_decimal
+    if ftype in _PRIMITIVE:
+        return _PRIMITIVE[ftype], ident
+    return "string", _json_text  # struct, array, map: kept as JSON text
+
+
+def _infer_type(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "bigint"
+    if isinstance(v, float):
+        return "double"
+    return "string"
+
+
+def _normalise(after: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Values as JSON scalars castable to their Spark types, and the types themselves."""
+    if schema is not None:
+        codecs = {f["field"]: _field_codec(f) for f in schema.get("fields", [])}
+        values, types = {}, {}
+        for col, v in after.items():
+            stype, convert = codecs.get(col) or (_infer_type(v), _json_text if isinstance(v, (dict, list)) else (lambda x: x))
+            values[col] = None if v is None else convert(v)
+            if stype:
+                types[col] = stype
+        return values, types
+    values = {c: (_json_text(v) if isinstance(v, (dict, list)) else v) for c, v in after.items()}
+    types = {c: t for c, v in after.items() if (t := _infer_type(v))}
+    return values, types
+
+
+def _after_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if not schema:
+        return None
+    for f in schema.get("fields", []):
+        if f.get("field") == "after":
+            return f
+    return None
+
+
+def _reject_avro_json(payload: Mapping[str, Any]) -> None:
+    source = payload.get("source") or {}
+    wrapped = [k for k, v in source.items() if isinstance(v, dict)]
+    if isinstance(payload.get("ts_ms"), dict):
+        wrapped.append("ts_ms")
+    if wrapped:
+        raise DecodeError(
+            "avro-json",
+            f"fields {wrapped} are Avro JSON unions; this decoder reads Kafka Connect JsonConverter "
+            "output: use value.converter=org.apache.kafka.connect.json.JsonConverter or decode Avro first",
+        )
+
+
+def _unwrap_flattened(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """ExtractNewRecordState output -> an envelope (`__deleted`, `__op`, `__source_*`)."""
+    row = {k: v for k, v in payload.items() if not k.startswith("__")}
+    meta = {k[2:]: v for k, v in payload.items() if k.startswith("__")}
+    source = {k[len("source_"):]: v for k, v in meta.items() if k.startswith("source_")}
+    for name in ("lsn", "file", "pos", "row", "commit_lsn", "change_lsn", "event_serial_no", "table", "db", "snapshot"):
+        if name in meta and name not in source:
+            source[name] = meta[name]
+    deleted = str(meta.get("deleted", "false")).lower() == "true"
+    op = "d" if deleted else str(meta.get("op") or "u")
+    return {"op": op, "before": row if deleted else None, "after": None if deleted else row,
+            "source": source or None, "ts_ms": meta.get("ts_ms")}
+
+
+class Decoder:
+    """Decodes records of any number of tables.
+
+    `key_fields` maps a table to the payload fields that form its key; when given, the key
+    is taken from the after- (or before-) image, else from the record key. The only state
+    is a bounded map topic -> table learned from decoded events, so a bare tombstone is
+    routed to the table its topic carried.
+    """
+
+    def __init__(self, key_fields: Mapping[str, Sequence[str]] | None = None):
+        self.key_fields = {t: tuple(f) for t, f in (key_fields or {}).items()}
+        self._topic_tables: dict[str, str] = {}
+
+    def decode(self, record: SourceRecord) -> ChangeEvent | DeadLetter:
+        """Never raises for bad input: returns a DeadLetter with the reason instead."""
+        try:
+            return self._decode(record)
+        except DecodeError as e:
+            return DeadLetter(record, self._route(record.topic, None), e.reason, e.detail)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            return DeadLetter(record, self._route(record.topic, None), "envelope", f"{type(e).__name__}: {e}")
+
+    def _route(self, topic: str, source: Mapping[str, Any] | None) -> str:
+        if source and isinstance(source.get("table"), str):
+            table = table_name(source["table"])
+            if topic not in self._topic_tables and len(self._topic_tables) < MAX_TOPICS:
+                self._topic_tables[topic] = table
+            return table
+        return self._topic_tables.get(topic) or topic_table(topic)
+
+    def _record_key(self, record: SourceRecord) -> str | None:
+        if record.key is None:
+            return None
+        try:
+            key = orjson.loads(record.key)
+        except orjson.JSONDecodeError:
+            return record.key.decode("utf-8", errors="replace")
+        if isinstance(key, dict) and set(key) == {"schema", "payload"}:
+            key = key["payload"]
+        return None if key is None else canonical(key)
+
+    def _decode(self, record: SourceRecord) -> ChangeEvent:
+        if record.value is None:
+            return self._tombstone(record)
+        try:
+            doc = orjson.loads(record.value)
+        except orjson.JSONDecodeError as e:
+            raise DecodeError("json", f"value is not JSON ({e})") from None
+        schema = None
+        if isinstance(doc, dict) and set(doc) == {"schema", "payload"}:
+            schema, doc = doc["schema"], doc["payload"]
+            if doc is None:
+                return self._tombstone(record)
+        if not isinstance(doc, dict):
+            raise DecodeError("envelope", f"value is a JSON {type(doc).__name__}, not a Debezium envelope")
+        if "op" not in doc:
+            if not any(k.startswith("__") for k in doc):
+                raise DecodeError("envelope", "no 'op' field: not a Debezium envelope nor ExtractNewRecordState output")
+            doc = _unwrap_flattened(doc)
+            schema = None  # the unwrapped schema describes the row itself
+        _reject_avro_json(doc)
+        op = doc.get("op")
+        if op not in OPS:
+            raise DecodeError("op", f"unsupported op {op!r} (expected one of c, u, d, r, t)")
+        source = doc.get("source")
+        table = self._route(record.topic, source)
+        common = dict(
+            record=record, table=table, op=op, snapshot=is_snapshot(source, op),
+            position=source_position(source), source_ts_ms=(source or {}).get("ts_ms") or doc.get("ts_ms"),
+        )
+        if op == "t":
+            return ChangeEvent(key=None, **common)
+        after, before = doc.get("after"), doc.get("before")
+        if op != "d" and not isinstance(after, dict):
+            raise DecodeError("envelope", f"op {op!r} without an 'after' image")
+        key = self._key(record, table, after if op != "d" else before)
+        if op == "d":
+            return ChangeEvent(key=key, **common)
+        values, types = _normalise(after, _after_schema(schema) if schema else None)
+        return ChangeEvent(key=key, after=values, after_types=types, **common)
+
+    def _key(self, record: SourceRecord, table: str, image: Mapping[str, Any] | None) -> str:
+        fields = self.key_fields.get(table)
+        if fields and image and all(f in image for f in fields):
+            return canonical({f: image[f] for f in fields})
+        key = self._record_key(record)
+        if key is None:
+            hint = f"configure tables.{table}.key_fields" if not fields else f"the image lacks {list(fields)}"
+            raise DecodeError("no-key", f"no record key and no key in the payload ({hint})")
+        return key
+
+    def _tombstone(self, record: SourceRecord) -> ChangeEvent:
+        key = self._record_key(record)
+        if key is None:
+            raise DecodeError("no-key", "tombstone without a key cannot delete anything")
+        return ChangeEvent(record=record, table=self._route(record.topic, None), key=key, op="d", tombstone=True)

@@ -1,0 +1,74 @@
+"""Domain value types shared by sources, decoding, ingest and compaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """One record as a source delivered it, before any decoding.
+
+    `sequence_number` is the per-partition monotonic position (the Kafka offset, or the
+    Event Hubs sequence number); `offset` is the source's own offset text, kept unchanged.
+    `value is None` is a tombstone.
+    """
+
+    topic: str
+    partition: int
+    offset: str
+    sequence_number: int
+    enqueued_time: datetime
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    @property
+    def stream(self) -> str:
+        """The identity of the partition this record came from: `topic:partition`."""
+        return stream_id(self.topic, self.partition)
+
+    def where(self) -> str:
+        return f"topic {self.topic!r} partition {self.partition} offset {self.offset}"
+
+
+def stream_id(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """A decoded Debezium change for one key of one table.
+
+    `op` is one of c, u, d, r, t (a null-value tombstone decodes to `d` with `tombstone`
+    set). `position` is the comparable source position (see `connector.ordering`), or None
+    when the event carries none. `after` holds the after-image with values normalised to
+    JSON scalars that Spark can cast to `after_types` (Spark SQL type names).
+    """
+
+    record: SourceRecord
+    table: str
+    key: str | None
+    op: str
+    snapshot: bool = False
+    tombstone: bool = False
+    position: tuple[int, ...] | None = None
+    source_ts_ms: int | None = None
+    after: dict[str, Any] | None = None
+    after_types: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_delete(self) -> bool:
+        return self.op == "d"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record that could not be accepted, with the reason and the raw bytes."""
+
+    record: SourceRecord
+    table: str
+    reason: str
+    detail: str

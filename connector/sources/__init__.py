@@ -1,0 +1,46 @@
+"""Sources deliver SourceRecords; `load_source` picks one from the configuration.
+
+A source never decides what is committed: the pipeline seeks it to the positions recovered
+from the Iceberg tables, and calls `commit` after each Iceberg commit only to mirror the
+positions into the source's own tooling (consumer groups, blob checkpoints).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Mapping
+
+from connector.records import SourceRecord
+
+if TYPE_CHECKING:
+    from connector.config import SourceConfig
+
+
+class Source(ABC):
+    @abstractmethod
+    def seek(self, positions: Mapping[str, int]) -> None:
+        """Start each stream (`topic:partition`) at its next sequence number."""
+
+    @abstractmethod
+    def poll(self, max_records: int) -> list[SourceRecord]:
+        """Up to `max_records` records in log order per partition; [] when caught up."""
+
+    def commit(self, positions: Mapping[str, int]) -> None:  # noqa: B027 - optional hook
+        """Mirror committed positions into the source's tooling (no-op by default)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and files."""
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load_source(config: "SourceConfig") -> Source:
+    if config.type == "file":
+        from connector.sources.file import FileSource
+
+        return FileSource(config.path, default_topic=config.topic)
+    raise NotImplementedError(f"source.type={config.type!r} is not available yet (supported: file)")

@@ -1,0 +1,1 @@
+"""Everything that touches Iceberg tables: catalog, layouts, log writer, compaction, readers."""

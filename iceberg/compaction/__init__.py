@@ -1,0 +1,1 @@
+"""The cleaner: a Spark job that compacts the log into the state and tombstone tables."""

@@ -1,0 +1,209 @@
+"""The compaction job (the cleaner), written as a short driver over named steps:
+
+1. plan: per stream, the cleanable dirty range and whether it is due (pure planner);
+2. read the dirty events and the rows already held for their keys;
+3. pick the newest change per key (the dedupe transform) and resolve truncates;
+4. evolve the state schema; 5. MERGE the tombstones; 6. MERGE the state with the new
+   cleaner points in the same snapshot; 7. purge expired tombstones.
+
+Atomicity: the cleaner points live in the state table's snapshot. A crash after step 5
+replays the same dirty range on the next run; replaying it over the already-written
+tombstones yields the same changes, so the result equals one clean run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from pyiceberg.catalog import Catalog
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from connector.faults import crash_point
+from iceberg.compaction import dedupe, schema
+from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
+from iceberg.compaction.retain import PURGE_PREDICATE
+from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, cleaner_points, load_optional, stream_stats
+from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA, TableNames
+
+log = logging.getLogger(__name__)
+SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
+STATS_PROPERTY = "cdclake.compaction"
+
+
+@dataclass
+class CompactionReport:
+    table: str
+    ranges: list[CleanRange] = field(default_factory=list)
+    events: int = 0
+    keys: int = 0
+    upserts: int = 0
+    deletes: int = 0
+    stale: int = 0
+    truncates: int = 0
+    purged: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d["ranges"] = {r.stream: [r.start, r.end] for r in self.ranges}
+        return d
+
+
+def range_filter(ranges: list[CleanRange]) -> str:
+    def one(r: CleanRange) -> str:
+        topic = r.topic.replace("\\", "\\\\").replace("'", "\\'")
+        return (f"(topic = '{topic}' AND partition = {r.partition} "
+                f"AND sequence_number >= {r.start} AND sequence_number < {r.end})")
+
+    return " OR ".join(one(r) for r in ranges)
+
+
+def _log_candidates(dirty: DataFrame) -> DataFrame:
+    return dirty.where(F.col("op") != "t").select(
+        F.col("key").alias("_key"), F.col("topic").alias("_topic"), F.col("partition").alias("_partition_id"),
+        F.col("offset").alias("_offset"), F.col("sequence_number").alias("_sequence_number"),
+        F.col("enqueued_time").alias("_enqueued_time"), F.col("op").alias("_op"), F.col("snapshot").alias("_snapshot"),
+        F.col("source_ts_ms").alias("_source_ts"), F.col("source_position").alias("_source_position"),
+        F.col("payload_bytes").alias("_payload_bytes"), F.col("after").alias("_after"),
+        F.col("after_types").alias("_after_types"), F.lit(False).alias("_held"),
+    )
+
+
+def _held(table: DataFrame, op: str | None) -> DataFrame:
+    cols = [F.col(n) for n, _ in META_COLUMNS if n != "_op"]
+    return table.select(*cols, (F.lit(op) if op else F.col("_op")).alias("_op"),
+                        F.lit(None).cast("string").alias("_after"), F.lit(None).cast("string").alias("_after_types"),
+                        F.lit(True).alias("_held")).select(*dedupe.CANDIDATE_COLUMNS)
+
+
+def _newest_truncate(dirty: DataFrame, ordering: str) -> tuple[dict | None, int]:
+    truncates = dirty.where(F.col("op") == "t").collect()
+    if not truncates:
+        return None, 0
+    from connector.ordering import order_key
+
+    newest = max(truncates, key=lambda r: order_key(
+        tuple(r["source_position"]) if r["source_position"] else None, r["snapshot"], r["partition"],
+        r["sequence_number"], ordering))
+    return newest.asDict(), len(truncates)
+
+
+def _merge(spark: SparkSession, sql: str, properties: dict[str, str]) -> None:
+    for k, v in properties.items():
+        spark.conf.set(SNAPSHOT_PROPERTY + k, v)
+    try:
+        spark.sql(sql)
+    finally:
+        for k in properties:
+            spark.conf.unset(SNAPSHOT_PROPERTY + k)
+
+
+def _state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
+    after = F.from_json(F.col("_after"), "map<string,string>")
+    data = []
+    for col, t in columns.items():
+        raw = after.getItem(col)
+        data.append((F.unbase64(raw) if t == "binary" else raw.cast(t)).alias(col))
+    return changes.select(*[F.col(n) for n, _ in META_COLUMNS], *data, "_action")
+
+
+def compact(
+    spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime,
+    force: bool = False,
+) -> CompactionReport:
+    """Compacts what is due in one source table; returns what it did."""
+    started = time.monotonic()
+    report = CompactionReport(names.table)
+    # 1. plan
+    report.ranges = plan(stream_stats(catalog, names, policy, now), policy, now, force)
+    schema.ensure_tables(spark, names)
+    tomb_t = names.spark(names.tombstones)
+    if report.ranges:
+        _clean(spark, catalog, names, policy, now, report)
+    # 7. purge expired tombstones (idempotent, its own commit)
+    purge = PURGE_PREDICATE.format(now=now.strftime("%Y-%m-%d %H:%M:%S.%f"))
+    report.purged = spark.table(tomb_t).where(purge).count()
+    if report.purged:
+        spark.sql(f"DELETE FROM {tomb_t} WHERE {purge}")
+    report.seconds = round(time.monotonic() - started, 3)
+    log.info("compaction %s: %s", names.state, report.summary())
+    return report
+
+
+def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime,
+           report: CompactionReport) -> None:
+    state_t, tomb_t = names.spark(names.state), names.spark(names.tombstones)
+    # 2. dirty events and held rows
+    dirty = spark.table(names.spark(names.log)).where(range_filter(report.ranges))
+    truncate, report.truncates = _newest_truncate(dirty, policy.ordering)
+    events = _log_candidates(dirty)
+    state, tombs = spark.table(state_t), spark.table(tomb_t)
+    if truncate is None:
+        keys = events.select("_key").distinct()
+        state = state.join(keys, "_key", "left_semi")
+    tombs = tombs.join(events.select("_key").distinct(), "_key", "left_semi")
+    candidates = events.unionByName(_held(state, None)).unionByName(_held(tombs, "d"))
+    # 3. newest per key, truncates
+    ranked = dedupe.rank(candidates, policy.ordering)
+    winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
+    changes = dedupe.resolve(winners, truncate, policy.ordering).localCheckpoint(eager=True)
+    counts = changes.groupBy().agg(
+        F.count(F.lit(1)).alias("n"), F.sum((F.col("_action") == "upsert").cast("int")).alias("up"),
+    ).first()
+    report.keys = winners.count()
+    report.stale = winners.agg(F.sum("_stale")).first()[0] or 0
+    report.events = events.count()
+    report.upserts, report.deletes = counts["up"] or 0, (counts["n"] or 0) - (counts["up"] or 0)
+    if report.stale:
+        for r in ranked.where("_stale").orderBy("_partition_id", "_sequence_number").limit(10).collect():
+            log.warning("%s: stale event ignored: key %s partition %s offset %s (position %s) is older than the "
+                        "held row", names.state, r["_key"], r["_partition_id"], r["_offset"], r["_source_position"])
+    # 4. schema
+    signatures = [r[0] for r in changes.where("_action = 'upsert' AND _after_types IS NOT NULL")
+                  .select("_after_types").distinct().collect()]
+    columns = schema.evolve(spark, names, schema.merge_types(signatures))
+    source = _state_source(changes, columns)
+    source.createOrReplaceTempView("cdclake_changes")
+    meta = [n for n, _ in META_COLUMNS]
+    # 5. tombstones
+    ts = F.lit(now)
+    tomb_source = changes.where("_action = 'delete'").select(
+        *meta, ts.alias("deleted_at"), (ts + F.expr(f"INTERVAL {int(policy.tombstone_retention.total_seconds())} "
+                                                     "SECONDS")).alias("expires_at"), "_action")
+    tomb_source.unionByName(changes.where("_action = 'upsert'").select(
+        *meta, F.lit(None).cast("timestamp").alias("deleted_at"), F.lit(None).cast("timestamp").alias("expires_at"),
+        "_action")).createOrReplaceTempView("cdclake_tomb_changes")
+    tomb_cols = meta + [n for n, _ in TOMBSTONE_EXTRA]
+    points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
+    props = {CLEANER_POINTS_PROPERTY: json.dumps(dict(sorted(points.items())), separators=(",", ":")),
+             STATS_PROPERTY: json.dumps(report.summary()["ranges"], separators=(",", ":"))}
+    _merge(spark, _merge_sql(tomb_t, "cdclake_tomb_changes", tomb_cols, delete_on="upsert"), {})
+    crash_point("compact.after-tombstones")
+    # 6. state + cleaner points, one snapshot
+    before = catalog.load_table(names.state).current_snapshot()
+    _merge(spark, _merge_sql(state_t, "cdclake_changes", meta + list(columns), delete_on="delete"), props)
+    after = catalog.load_table(names.state).current_snapshot()
+    if after is None or (before is not None and after.snapshot_id == before.snapshot_id):
+        # Nothing changed (every event was stale): record the cleaner points alone.
+        state = catalog.load_table(names.state)
+        with state.transaction() as tx:
+            tx.append(state.schema().as_arrow().empty_table(), snapshot_properties=props)
+    crash_point("compact.after-commit")
+
+
+def _merge_sql(target: str, source: str, columns: list[str], delete_on: str) -> str:
+    keep = "upsert" if delete_on == "delete" else "delete"
+    q = schema.quote
+    sets = ", ".join(f"t.{q(c)} = s.{q(c)}" for c in columns)
+    return (
+        f"MERGE INTO {target} t USING {source} s ON t._key = s._key "
+        f"WHEN MATCHED AND s._action = '{delete_on}' THEN DELETE "
+        f"WHEN MATCHED AND s._action = '{keep}' THEN UPDATE SET {sets} "
+        f"WHEN NOT MATCHED AND s._action = '{keep}' THEN INSERT ({', '.join(map(q, columns))}) "
+        f"VALUES ({', '.join('s.' + q(c) for c in columns)})"
+    )

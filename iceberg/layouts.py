@@ -1,0 +1,111 @@
+"""Table names and layouts.
+
+For a source table `<t>` in namespace `<ns>`:
+
+- `<ns>.<t>__log`: every accepted event (append-only), source positions in snapshot summaries;
+- `<ns>.<t>__dead_letters`: what could not be accepted, raw bytes, position and reason;
+- `<ns>.<t>`: latest state, one row per live key (metadata columns + flattened after-image);
+- `<ns>.<t>__tombstones`: deleted keys with the deleting event's position and `expires_at`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+LOG_SUFFIX = "__log"
+DEAD_LETTERS_SUFFIX = "__dead_letters"
+TOMBSTONES_SUFFIX = "__tombstones"
+
+UTC_TS = pa.timestamp("us", tz="UTC")
+
+
+def _req(name: str, t: pa.DataType) -> pa.Field:
+    return pa.field(name, t, nullable=False)
+
+
+LOG_SCHEMA = pa.schema([
+    _req("topic", pa.string()),
+    _req("partition", pa.int32()),
+    _req("offset", pa.string()),
+    _req("sequence_number", pa.int64()),
+    _req("enqueued_time", UTC_TS),
+    pa.field("key", pa.string()),
+    _req("op", pa.string()),
+    _req("snapshot", pa.bool_()),
+    _req("tombstone", pa.bool_()),
+    pa.field("source_position", pa.list_(pa.int64())),
+    pa.field("source_ts_ms", pa.int64()),
+    pa.field("after", pa.string()),
+    pa.field("after_types", pa.string()),
+    pa.field("value", pa.binary()),
+    _req("payload_bytes", pa.int64()),
+    pa.field("headers", pa.string()),
+    _req("ingested_at", UTC_TS),
+])
+
+DEAD_LETTER_SCHEMA = pa.schema([
+    _req("topic", pa.string()),
+    _req("partition", pa.int32()),
+    _req("offset", pa.string()),
+    _req("sequence_number", pa.int64()),
+    _req("enqueued_time", UTC_TS),
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    _req("reason", pa.string()),
+    _req("detail", pa.string()),
+    _req("ingested_at", UTC_TS),
+])
+
+# Metadata columns of the state and tombstone tables (Spark DDL). `_key` is the
+# compaction key; the ordering fields of the winning event are kept so a later (or late)
+# event can be compared with what is held.
+META_COLUMNS = [
+    ("_key", "string NOT NULL"),
+    ("_topic", "string"),
+    ("_partition_id", "int"),
+    ("_offset", "string"),
+    ("_sequence_number", "bigint"),
+    ("_enqueued_time", "timestamp"),
+    ("_op", "string"),
+    ("_snapshot", "boolean"),
+    ("_source_ts", "bigint"),
+    ("_source_position", "array<bigint>"),
+    ("_payload_bytes", "bigint"),
+]
+TOMBSTONE_EXTRA = [("deleted_at", "timestamp"), ("expires_at", "timestamp")]
+
+
+@dataclass(frozen=True)
+class TableNames:
+    """Fully qualified names of the four tables that hold one source table."""
+
+    catalog: str
+    namespace: str
+    table: str
+
+    @property
+    def state(self) -> str:
+        return f"{self.namespace}.{self.table}"
+
+    @property
+    def log(self) -> str:
+        return self.state + LOG_SUFFIX
+
+    @property
+    def dead_letters(self) -> str:
+        return self.state + DEAD_LETTERS_SUFFIX
+
+    @property
+    def tombstones(self) -> str:
+        return self.state + TOMBSTONES_SUFFIX
+
+    def spark(self, name: str) -> str:
+        """The name as Spark SQL sees it (catalog-qualified, quoted)."""
+        return ".".join(f"`{p}`" for p in (self.catalog, *name.split(".")))
+
+
+def source_tables(table_names: list[str]) -> list[str]:
+    """The source tables behind the catalog's table names (those that have a log)."""
+    return sorted(n[: -len(LOG_SUFFIX)] for n in table_names if n.endswith(LOG_SUFFIX))

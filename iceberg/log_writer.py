@@ -1,0 +1,46 @@
+"""Appends to the log and dead-letter tables, with source positions in the same commit.
+
+The snapshot summary key `cdclake.positions` holds, as JSON, the next sequence number to
+read per stream (`topic:partition`) for everything this table has accounted for. It is
+written in the commit that adds the rows, and recovered by walking the snapshot ancestry
+(maintenance commits in between carry no positions and are skipped).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+import pyarrow as pa
+from pyiceberg.table import Table
+
+from connector.faults import crash_point
+
+POSITIONS_PROPERTY = "cdclake.positions"
+
+
+def summary_value(table: Table, key: str) -> str | None:
+    """The value of `key` in the newest snapshot of the current ancestry that has it."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if key in props:
+            return props[key]
+        if snapshot.parent_snapshot_id is None:
+            return None
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
+    return None
+
+
+def committed_positions(table: Table) -> dict[str, int]:
+    raw = summary_value(table, POSITIONS_PROPERTY)
+    return {k: int(v) for k, v in json.loads(raw).items()} if raw else {}
+
+
+def append_with_positions(table: Table, rows: pa.Table, positions: Mapping[str, int], crash_tag: str = "ingest") -> None:
+    """Append `rows` (possibly none) and record `positions` in the same snapshot."""
+    props = {POSITIONS_PROPERTY: json.dumps(dict(sorted(positions.items())), separators=(",", ":"))}
+    with table.transaction() as tx:
+        tx.append(rows.cast(table.schema().as_arrow()), snapshot_properties=props)
+        crash_point(f"{crash_tag}.before-commit")  # data files written, nothing committed
+    crash_point(f"{crash_tag}.after-commit")

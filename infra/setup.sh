@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) set-up: .venv with the pinned packages, Spark's JVM jars.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+if [ ! -f .venv/.stamp ] || [ pyproject.toml -nt .venv/.stamp ]; then
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+  touch .venv/.stamp
+fi
+bash infra/fetch-jars.sh

@@ -1,0 +1,1 @@
+"""Event Hubs tier quotas (limits as data, usage accounting, the admit decision)."""

@@ -1,0 +1,173 @@
+"""Decoding of real Debezium samples (../shared/fixtures/debezium), no Spark."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from connector.debezium import Decoder, canonical
+from connector.records import ChangeEvent, DeadLetter, SourceRecord
+
+T = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+def rec(value, key=None, topic="srv.inventory.customers", offset=0, partition=0) -> SourceRecord:
+    enc = lambda v: None if v is None else (v if isinstance(v, bytes) else (v if isinstance(v, str) else json.dumps(v)).encode())  # noqa: E731
+    return SourceRecord(topic, partition, str(offset), offset, T, enc(key), enc(value))
+
+
+def decode_lines(path, key_fields=None, topic="srv.inventory.customers"):
+    d = Decoder(key_fields)
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return [d.decode(rec(line, topic=topic, offset=i)) for i, line in enumerate(lines)]
+
+
+@pytest.mark.parametrize("name", ["mysql_customers_cdc_plain.jsonl", "mysql_customers_cdc_with_schema.jsonl"])
+def test_mysql_customers_both_converters_decode_alike(fixtures, name):
+    events = decode_lines(fixtures / name, {"customers": ["id"]})
+    assert all(isinstance(e, ChangeEvent) for e in events)
+    assert [e.op for e in events] == ["r"] * 4 + ["c", "u", "c", "u", "u", "d"]
+    assert [e.snapshot for e in events] == [True] * 4 + [False] * 6
+    assert events[0].position == (3, 157, 0)
+    # two rows of one binlog event are told apart by `row`
+    assert events[7].position[:2] == events[8].position[:2] and events[7].position < events[8].position
+    assert events[9].key == events[8].key == '{"id":1006}' and events[9].after is None
+    assert events[0].table == "customers" and events[0].after["first_name"] == "Sally"
+
+
+def test_schema_types_are_taken_from_the_connect_schema(fixtures):
+    with_schema = decode_lines(fixtures / "mysql_customers_cdc_with_schema.jsonl", {"customers": ["id"]})
+    plain = decode_lines(fixtures / "mysql_customers_cdc_plain.jsonl", {"customers": ["id"]})
+    assert with_schema[0].after_types["id"] == "int"  # int32 in the schema
+    assert plain[0].after_types["id"] == "bigint"  # inferred from JSON
+    assert with_schema[0].after == plain[0].after
+
+
+def test_debezium_date_and_key_with_schema(fixtures):
+    value = (fixtures / "mysql_snapshot_read_value_with_schema.json").read_text()
+    key = (fixtures / "mysql_snapshot_read_key_with_schema.json").read_text()
+    e = Decoder().decode(rec(value, key, topic="testc.inventory.orders"))
+    assert isinstance(e, ChangeEvent), e
+    assert e.key == '{"order_number":10004}'
+    assert e.after_types["order_date"] == "date"
+    assert e.after["order_date"].startswith("20")  # ISO date text, castable by Spark
+    assert e.snapshot and e.op == "r" and e.table == "orders"
+
+
+def test_delete_with_schema_and_envelope_v2(fixtures):
+    value = (fixtures / "mysql_delete_value_with_schema.json").read_text()
+    key = (fixtures / "mysql_delete_key_with_schema.json").read_text()
+    e = Decoder().decode(rec(value, key))
+    assert isinstance(e, ChangeEvent) and e.op == "d" and e.key == '{"id":1004}' and e.position == (3, 632, 0)
+
+
+def test_postgres_position_and_junk_key(fixtures):
+    lines = (fixtures / "postgres_orders_snapshot_then_update_junk_key.txt").read_text().splitlines()
+    d = Decoder({"orders": ["order_id"]})
+    events = [d.decode(rec(v, k, topic="postgres.public.orders", offset=i))
+              for i, (k, v) in enumerate(line.split("^", 1) for line in lines)]
+    assert [e.key for e in events] == ['{"order_id":1}', '{"order_id":2}', '{"order_id":3}', '{"order_id":1}']
+    assert events[0].position == (23911624,) and events[0].snapshot
+    assert events[3].position > events[0].position and not events[3].snapshot
+    # without key_fields the junk record key is used verbatim: every row would share it
+    assert Decoder().decode(rec(lines[0].split("^", 1)[1], "****")).key == "****"
+
+
+def test_postgres_replica_identity_default_delete_keeps_record_key(fixtures):
+    lines = (fixtures / "postgres_products_replica_identity_default_plain.jsonl").read_text().splitlines()
+    delete = [line for line in lines if '"op":"d"' in line][0]
+    e = Decoder({"products": ["id"]}).decode(rec(delete, {"id": 111}))
+    assert isinstance(e, ChangeEvent) and e.op == "d" and e.key == '{"id":111}'
+
+
+def test_postgres_without_sequence_uses_lsn(fixtures):
+    events = decode_lines(fixtures / "postgres_products_cdc_plain.jsonl", {"products": ["id"]})
+    assert all(isinstance(e, ChangeEvent) and e.position and len(e.position) == 1 for e in events)
+    assert events[-1].position > events[0].position
+
+
+def test_legacy_snapshot_as_create_is_a_snapshot(fixtures):
+    events = decode_lines(fixtures / "mysql_products_legacy_snapshot_as_create_plain.jsonl", {"products": ["id"]})
+    assert [e.op for e in events[:9]] == ["c"] * 9 and all(e.snapshot for e in events[:9])
+    assert not any(e.snapshot for e in events[9:])
+
+
+def test_sqlserver_degenerate_lsn_falls_back_to_log_order(fixtures):
+    e = Decoder({"full_types_1": ["id"]}).decode(rec((fixtures / "sqlserver_snapshot_read_degenerate_lsn_plain.json").read_text()))
+    assert isinstance(e, ChangeEvent) and e.position is None and e.key == '{"id":1}'
+
+
+@pytest.mark.parametrize("name", ["sqlserver_customers_snapshot_then_create_avro_json.jsonl"])
+def test_avro_json_is_rejected_with_a_reason(fixtures, name):
+    out = decode_lines(fixtures / name, {"customers": ["id"]})
+    assert all(isinstance(o, DeadLetter) and o.reason == "avro-json" for o in out)
+    assert "JsonConverter" in out[0].detail
+
+
+def test_kcat_avro_decoded_payload_is_rejected(fixtures):
+    from connector.sources.file import parse_line
+
+    r = parse_line(json.loads((fixtures / "kcat_J_mysql_avro_snapshot_last.json").read_text()))
+    assert (r.topic, r.partition, r.offset) == ("asgard.demo.customers", 0, "5")
+    out = Decoder().decode(r)
+    assert isinstance(out, DeadLetter) and out.reason == "avro-json" and out.table == "customers"
+
+
+def test_sqlserver_position_orders_commit_then_change_then_serial():
+    src = {"connector": "sqlserver", "table": "t", "commit_lsn": "00000025:00000518:0005",
+           "change_lsn": "00000025:00000518:0003", "event_serial_no": 2}
+    e = Decoder().decode(rec({"op": "u", "after": {"id": 1}, "source": src}, {"id": 1}))
+    assert e.position == (0x25, 0x518, 5, 0x25, 0x518, 3, 2)
+
+
+def test_tombstone_and_missing_key():
+    d = Decoder()
+    t = d.decode(rec(None, {"id": 7}))
+    assert isinstance(t, ChangeEvent) and t.op == "d" and t.tombstone and t.key == '{"id":7}' and t.position is None
+    assert t.table == "customers"  # from the topic's last segment
+    n = d.decode(rec(None, None))
+    assert isinstance(n, DeadLetter) and n.reason == "no-key"
+    m = d.decode(rec({"op": "c", "after": {"id": 1}, "source": {"table": "customers"}}, None))
+    assert isinstance(m, DeadLetter) and m.reason == "no-key" and "key_fields" in m.detail
+
+
+@pytest.mark.parametrize("value,reason", [
+    ("{not json", "json"), ("[1,2]", "envelope"), ('{"id": 1}', "envelope"),
+    ('{"op": "x", "after": {"id": 1}}', "op"), ('{"op": "c", "after": null}', "envelope"),
+])
+def test_bad_input_becomes_a_dead_letter(value, reason):
+    out = Decoder().decode(rec(value, {"id": 1}, offset=42))
+    assert isinstance(out, DeadLetter) and out.reason == reason and out.record.offset == "42"
+
+
+def test_extract_new_record_state_output():
+    d = Decoder({"customers": ["id"]})
+    up = d.decode(rec({"id": 1, "name": "a", "__op": "u", "__lsn": 99, "__source_connector": "postgresql",
+                       "__deleted": "false"}))
+    assert up.op == "u" and up.after == {"id": 1, "name": "a"} and up.position == (99,)
+    gone = d.decode(rec({"id": 1, "name": "a", "__deleted": "true", "__op": "d"}))
+    assert gone.op == "d" and gone.key == '{"id":1}' and gone.after is None
+
+
+def test_primary_key_change_is_delete_tombstone_create(fixtures):
+    """The sequence of mysql_pk_change_delete_tombstone_create_connect_records.txt, as JSON."""
+    text = (fixtures / "mysql_pk_change_delete_tombstone_create_connect_records.txt").read_text()
+    assert "kafkaOffset=62978" in text and "kafkaOffset=62980" in text
+    src = {"connector": "mysql", "table": "sbtest1", "file": "mysql-bin.000003", "pos": 16209369, "row": 0}
+    old, new = {"id": 2317, "k": 3737}, {"id": 2317, "k": 3738}
+    d = Decoder()
+    out = [d.decode(rec(v, k, topic="SERVER5432.sbtest.sbtest1", offset=o)) for o, k, v in [
+        (62978, old, {"op": "d", "before": old, "after": None, "source": src}),
+        (62979, old, None),
+        (62980, new, {"op": "c", "before": None, "after": new, "source": src}),
+    ]]
+    assert [(e.op, e.key, e.tombstone) for e in out] == [
+        ("d", canonical(old), False), ("d", canonical(old), True), ("c", canonical(new), False)]
+    assert {e.table for e in out} == {"sbtest1"}
+
+
+def test_truncate_has_no_key():
+    e = Decoder().decode(rec({"op": "t", "source": {"connector": "postgresql", "table": "customers", "lsn": 5}}))
+    assert isinstance(e, ChangeEvent) and e.op == "t" and e.key is None and e.position == (5,)

@@ -1,0 +1,41 @@
+"""The retain rule and the compaction planner, table-driven (no Spark)."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
+from iceberg.compaction.retain import Fate, fate
+
+NOW = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("op,expires_at,expected", [
+    ("c", None, Fate.KEEP_ROW),
+    ("u", NOW - timedelta(days=9), Fate.KEEP_ROW),
+    ("r", None, Fate.KEEP_ROW),
+    ("d", NOW + timedelta(seconds=1), Fate.KEEP_TOMBSTONE),
+    ("d", None, Fate.KEEP_TOMBSTONE),
+    ("d", NOW, Fate.DROP),  # retention is "at least": expired exactly at expires_at
+    ("d", NOW - timedelta(hours=1), Fate.DROP),
+])
+def test_fate(op, expires_at, expected):
+    assert fate(op, expires_at, NOW) is expected
+
+
+def stats(point=0, clean=0, cleanable=100, end=10, first=NOW - timedelta(minutes=5)):
+    return StreamStats("t:0", point, clean, cleanable, cleanable, end, first, end - point)
+
+
+@pytest.mark.parametrize("s,policy,force,expected", [
+    (stats(clean=0), CompactionPolicy(), False, [CleanRange("t:0", 0, 10)]),  # nothing clean yet: ratio 1
+    (stats(clean=100, cleanable=100), CompactionPolicy(), False, [CleanRange("t:0", 0, 10)]),  # ratio 0.5
+    (stats(clean=101, cleanable=100), CompactionPolicy(), False, []),  # below min_cleanable_dirty_ratio
+    (stats(clean=101, cleanable=100), CompactionPolicy(), True, [CleanRange("t:0", 0, 10)]),  # forced
+    (stats(clean=1000, cleanable=1), CompactionPolicy(max_compaction_lag=timedelta(minutes=1)), False,
+     [CleanRange("t:0", 0, 10)]),  # overdue by max_compaction_lag
+    (stats(clean=1000, cleanable=1), CompactionPolicy(max_compaction_lag=timedelta(hours=1)), False, []),
+    (stats(point=10, end=10), CompactionPolicy(), True, []),  # nothing old enough (min_compaction_lag)
+])
+def test_plan(s, policy, force, expected):
+    assert plan([s], policy, NOW, force) == expected
