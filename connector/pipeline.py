@@ -123,7 +123,8 @@ class Sinks:
         return {s: min((p.get(s, 0) for p in self.positions.values()), default=0) for s in known}
 
     def commit(self, name: str, rows: pa.Table, positions: Mapping[str, int]) -> None:
-        merged = {**self.positions[name], **positions}
+        held = self.positions[name]
+        merged = {s: max(held.get(s, 0), positions.get(s, 0)) for s in held.keys() | positions.keys()}
         append_with_positions(self.tables[name], rows, merged)
         self.tables[name] = self.tables[name].refresh()
         self.positions[name] = merged

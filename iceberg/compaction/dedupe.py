@@ -50,11 +50,12 @@ def rank(candidates: DataFrame, ordering: Ordering) -> DataFrame:
     in_log_order = by_key.orderBy(F.col("_held").desc(), "_partition_id", "_sequence_number").rowsBetween(
         Window.unboundedPreceding, Window.currentRow
     )
-    position = F.col("_source_position")
     if ordering == "source":
-        position = F.coalesce(position, F.max(position).over(in_log_order))
-    ranked = candidates.withColumn(
-        "_o", order_struct(position, F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering)
+        # kept as the row's position, so a held bare tombstone still guards its key
+        position = F.col("_source_position")
+        candidates = candidates.withColumn("_source_position", F.coalesce(position, F.max(position).over(in_log_order)))
+    ranked = candidates.withColumn("_o", order_struct(
+        F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering)
     ).withColumn("_held_o", F.max(F.when(F.col("_held"), F.col("_o"))).over(by_key))
     stale = (~F.col("_held")) & F.col("_held_o").isNotNull() & (F.col("_o") < F.col("_held_o"))
     return ranked.withColumn("_stale", stale)

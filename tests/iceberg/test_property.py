@@ -1,0 +1,63 @@
+"""Random streams, ingested in random batch splits with compactions in between, end with
+the state and tombstones of the plain-Python model of the contract (tests/model.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
+from tests.model import expected_tables
+
+pytestmark = pytest.mark.spark
+_ns = itertools.count()
+
+event = st.tuples(
+    st.integers(0, 3),  # key; its partition is key % 2, as a partitioner would place it
+    st.sampled_from(["c", "u", "u", "d", "r"]),
+    st.integers(1, 8),  # source position (lsn): collisions and stale events on purpose
+    st.booleans(),  # a delete is followed by its bare tombstone
+)
+
+
+def to_lines(stream) -> list[str]:
+    offsets = [0, 0]
+    lines = []
+    for key, op, lsn, tombstone in stream:
+        part = key % 2
+        source = {"connector": "postgresql", "table": "things", "lsn": lsn, "snapshot": "true" if op == "r" else "false"}
+        values = [json.dumps({"op": op, "before": None, "after": None if op == "d" else {"id": key, "lsn": lsn},
+                              "source": source})]
+        if op == "d" and tombstone:
+            values.append(None)
+        for v in values:
+            lines.append(json.dumps({"topic": "db.s.things", "partition": part, "offset": offsets[part],
+                                     "ts": 1_700_000_000_000 + len(lines), "key": json.dumps({"id": key}),
+                                     "payload": v}))
+            offsets[part] += 1
+    return lines
+
+
+@hsettings(max_examples=8, deadline=None, derandomize=True,
+           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(stream=st.lists(event, min_size=1, max_size=25), cuts=st.lists(st.integers(1, 40), max_size=2),
+       ordering=st.sampled_from(["source", "log"]))
+def test_random_stream_in_random_batches_matches_the_model(spark, settings, stream, cuts, ordering):
+    lines = to_lines(stream)
+    path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
+    s = with_source(settings.model_copy(update={"catalog": settings.catalog.model_copy(
+        update={"namespace": f"{settings.catalog.namespace}_p{next(_ns)}"})}), path, ordering=ordering)
+    bounds = sorted({c for c in cuts if c < len(lines)}) + [len(lines)]
+    done = 0
+    for b in bounds:
+        run_ingest(s, max_records=b - done)
+        done = b
+        compact_table(spark, s, "things")
+    state, tombs = expected_tables(decoded(path, s), ordering)
+    assert offsets_by_key(s, names(s, "things").state) == state
+    assert offsets_by_key(s, names(s, "things").tombstones) == tombs
