@@ -163,7 +163,7 @@ def query(sql: str = typer.Argument(..., help="Spark SQL, e.g. \"SELECT * FROM c
 @app.command()
 def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh directory for the demo's catalog")) -> None:
     """The main job on the embedded default: a Debezium stream of three tables through ingest and compaction."""
-    from connector.demo import write_demo_file
+    from connector.demo import LATE_EVENTS, write_demo_file
 
     started = time.monotonic()
     if work_dir.exists():
@@ -171,21 +171,24 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
     events = write_demo_file(work_dir / "events.jsonl")
     settings = _settings(None, work_dir=work_dir, source={"type": "file", "path": str(events)},
                          compaction={"min_compaction_lag_seconds": 0})
-    console.rule("[bold]1. ingest[/bold] " + str(events))
-    _guard(lambda: _do_ingest(settings))
-    console.rule("[bold]2. compact[/bold] (Spark, local)")
-    _guard(lambda: _do_compact(settings, None, force=True, now=datetime.now(timezone.utc)))
-    console.rule("[bold]3. tables[/bold]")
+    total = len(events.read_text().splitlines())
+    for step, (records, what) in enumerate([(total - LATE_EVENTS, "the stream"),
+                                            (None, f"{LATE_EVENTS} late events older than what is held")], 1):
+        console.rule(f"[bold]round {step}: ingest {what}, then compact[/bold]")
+        _guard(lambda records=records: _do_ingest(settings, records))
+        _guard(lambda: _do_compact(settings, None, force=True, now=datetime.now(timezone.utc)))
+    console.rule("[bold]tables[/bold]")
     ns = settings.catalog.namespace
     for t in ("customers", "orders", "products"):
-        _guard(lambda t=t: _print_query(settings, f"SELECT * EXCEPT (_topic, _source_ts, _payload_bytes, _snapshot) "
+        _guard(lambda t=t: _print_query(settings, f"SELECT * EXCEPT (_topic, _sequence_number, _enqueued_time, _source_ts, "
+                                                  f"_payload_bytes, _snapshot) "
                                                   f"FROM {ns}.{t} ORDER BY _key", 50))
     _guard(lambda: _print_query(settings, "SELECT 'customers' AS tbl, _key, _offset, _partition_id, expires_at FROM "
                                           f"{ns}.customers__tombstones UNION ALL SELECT 'orders', _key, _offset, "
                                           f"_partition_id, expires_at FROM {ns}.orders__tombstones", 50))
     _guard(lambda: _print_query(settings, f"SELECT topic, partition, offset, reason, detail FROM "
                                           f"{ns}.products__dead_letters", 50))
-    console.rule("[bold]4. status[/bold]")
+    console.rule("[bold]status[/bold]")
     _guard(lambda: _print_status(settings))
     console.print(f"demo finished in {time.monotonic() - started:.1f}s; catalog {settings.catalog_uri}")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Callable, Mapping, Sequence
 

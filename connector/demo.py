@@ -4,10 +4,10 @@
 delete + tombstone, a primary-key change (delete + tombstone of the old key, create of
 the new key) and a late stale replay of an old update (it must not win).
 `inventory.orders` (MySQL, schemas.enable=true with Debezium Date and Decimal types):
-snapshot, inserts, updates, a delete + tombstone, and a snapshot row replayed after a
-newer streamed change (it must not win).
+snapshot, inserts, updates, a delete + tombstone, and an incremental-snapshot row older
+than a streamed change (it must not win).
 `inventory.products` (SQL Server): creates, an update, then an undecodable record (goes
-to the dead letters).
+to the dead letters). The two stale events come last, after a first compaction.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def demo_events() -> Iterator[dict[str, Any]]:
     out.append((cust, 1, {"id": 1}, None))
     out.append((cust, 0, {"id": 10}, _pg("c", None, {"id": 10, "name": "Sally", "email": "sally@acme.com"}, 1400,
                                           T0 + 40)))
-    out.append((cust, 0, {"id": 2}, stale))  # late replay of an old update: stale, ignored
+    late = [(cust, 0, {"id": 2}, stale)]  # late replay of an old update: stale, ignored
 
     orders = "my.shop.orders"
     for n in (1001, 1002, 1003):
@@ -103,8 +103,8 @@ def demo_events() -> Iterator[dict[str, Any]]:
                                                         T0 + 35)))
     out.append((orders, 0, {"order_number": 1002}, None))
     # an incremental-snapshot row read before the streamed update above: must not win
-    out.append((orders, 0, {"order_number": 1001}, _my("r", None, _order(1001, 20400, 1, "19.99", "new"), 450,
-                                                        T0 + 45, "incremental")))
+    late.append((orders, 0, {"order_number": 1001}, _my("r", None, _order(1001, 20400, 1, "19.99", "new"), 450,
+                                                         T0 + 45, "incremental")))
 
     products = "ms.dbo.products"
     for i, (name, w) in enumerate([("scooter", 3.14), ("car battery", 8.1), ("hammer", 0.75)], start=101):
@@ -115,12 +115,15 @@ def demo_events() -> Iterator[dict[str, Any]]:
     out.append((products, 0, {"id": 102}, "{not json"))
 
     offsets: dict[tuple[str, int], int] = {}
-    for topic, part, key, value in out:
+    for topic, part, key, value in out + late:
         off = offsets.get((topic, part), 0)
         offsets[(topic, part)] = off + 1
         payload = value if isinstance(value, str) or value is None else json.dumps(value)
         yield {"topic": topic, "partition": part, "offset": off, "ts": T0 + off * 1000, "broker": 0,
                "key": json.dumps(key), "payload": payload}
+
+
+LATE_EVENTS = 2  # the last records of the file arrive after a first compaction
 
 
 def write_demo_file(path: Path) -> Path:

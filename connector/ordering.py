@@ -25,7 +25,8 @@ sequence_number)` counts; the highest offset wins.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal, Sequence
+import json
+from typing import Any, Iterable, Literal
 
 Ordering = Literal["source", "log"]
 Position = tuple[int, ...]
@@ -84,8 +85,6 @@ def source_position(source: dict[str, Any] | None) -> Position | None:
 def _postgres(source: dict[str, Any]) -> Position | None:
     lsn = source.get("lsn")
     if lsn is None and source.get("sequence"):
-        import json
-
         seq = json.loads(source["sequence"])
         lsn = seq[-1] if seq else None
     return (int(lsn),) if lsn is not None else None
@@ -116,8 +115,3 @@ def _sqlserver(source: dict[str, Any]) -> Position | None:
         return None  # degenerate ("00") or missing: fall back to log order
     change = _lsn_parts(source.get("change_lsn")) or [0, 0, 0]
     return (*commit, *change, int(source.get("event_serial_no") or 0))
-
-
-def newest(keys: Sequence[OrderKey]) -> int:
-    """Index of the newest of `keys` (the last one on ties, which cannot happen in a log)."""
-    return max(range(len(keys)), key=lambda i: keys[i])

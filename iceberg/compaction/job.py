@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from connector.faults import crash_point
+from connector.ordering import order_key
 from iceberg.compaction import dedupe, schema
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
 from iceberg.compaction.retain import PURGE_PREDICATE
@@ -85,8 +86,6 @@ def _newest_truncate(dirty: DataFrame, ordering: str) -> tuple[dict | None, int]
     truncates = dirty.where(F.col("op") == "t").collect()
     if not truncates:
         return None, 0
-    from connector.ordering import order_key
-
     newest = max(truncates, key=lambda r: order_key(
         tuple(r["source_position"]) if r["source_position"] else None, r["snapshot"], r["partition"],
         r["sequence_number"], ordering))
