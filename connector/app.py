@@ -16,6 +16,7 @@ from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import CompactionPolicy
 from iceberg.compaction.stats import load_optional, stream_stats
 from iceberg.layouts import TableNames, source_tables
+from quotas.ledger import QuotaGate, table_quota, validate
 
 
 def policy_of(settings: Settings) -> CompactionPolicy:
@@ -41,6 +42,20 @@ def table_names(settings: Settings, catalog: Catalog, only: list[str] | None = N
     return [TableNames(settings.catalog.name, settings.catalog.namespace, n) for n in names]
 
 
+def load_usage(settings: Settings, catalog: Catalog, tables: list[str] | None = None) -> dict[str, dict[str, int]]:
+    """Per table and stream: bytes held in state + tombstones plus dirty bytes in the log."""
+    policy, now = policy_of(settings), datetime.now(timezone.utc)
+    return {n.table: {s.stream: s.clean_bytes + s.dirty_bytes for s in stream_stats(catalog, n, policy, now)
+                      if s.clean_bytes or s.dirty_bytes}
+            for n in table_names(settings, catalog, tables)}
+
+
+def validate_tables(settings: Settings, catalog: Catalog) -> None:
+    """Every configured and existing table against its tier (errors name table, setting, tier, limit)."""
+    for table in sorted(set(settings.tables) | {n.table for n in table_names(settings, catalog)}):
+        validate(settings, table)
+
+
 def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | None = None,
                max_records: int | None = None) -> IngestStats:
     if not settings.source.path and settings.source.type == "file":
@@ -48,9 +63,23 @@ def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | Non
 
         raise ConfigError("source.path: set the replay file (config file or CDCLAKE_SOURCE__PATH)")
     catalog = load_catalog(settings)
+    validate_tables(settings, catalog)
+    gate = QuotaGate(settings)
+    gate.reset(load_usage(settings, catalog))
+
+    def make_room(tables: list[str]) -> dict[str, dict[str, int]]:
+        run_compaction(settings, tables, force=True)
+        return load_usage(settings, catalog)
+
+    backpressure = settings.quotas.policy == "backpressure"
     with load_source(settings.source) as source:
         return ingest(source, catalog, settings.catalog.namespace, Decoder(settings.key_fields()),
-                      settings.source.batch_size, on_batch, max_records)
+                      settings.source.batch_size, on_batch, max_records, gate, make_room if backpressure else None)
+
+
+def compaction_enabled(settings: Settings, table: str) -> bool:
+    cfg = settings.tables.get(table)
+    return cfg.compaction if cfg else True
 
 
 def run_compaction(settings: Settings, tables: list[str] | None = None, force: bool = False,
@@ -62,6 +91,9 @@ def run_compaction(settings: Settings, tables: list[str] | None = None, force: b
     spark = get_spark(settings)
     reports = []
     for names in table_names(settings, catalog, tables):
+        if not compaction_enabled(settings, names.table):
+            continue
+        validate(settings, names.table)
         if on_table:
             on_table(names.state)
         reports.append(compact(spark, catalog, names, policy_of(settings), now or datetime.now(timezone.utc), force))
@@ -79,6 +111,12 @@ class StreamStatus:
     dirty_ratio: float
     live_rows: int
     tombstones: int
+    tier: str
+    quota_bytes: int | None
+
+    @property
+    def usage_bytes(self) -> int:
+        return self.clean_bytes + self.dirty_bytes
 
 
 def _count_by_stream(table) -> dict[str, int]:
@@ -96,6 +134,7 @@ def status(settings: Settings, now: datetime | None = None) -> list[StreamStatus
     policy, now = policy_of(settings), now or datetime.now(timezone.utc)
     out = []
     for names in table_names(settings, catalog):
+        quota = table_quota(settings, names.table)
         live = _count_by_stream(load_optional(catalog, names.state))
         dead = _count_by_stream(load_optional(catalog, names.tombstones))
         for s in stream_stats(catalog, names, policy, now):
@@ -104,5 +143,6 @@ def status(settings: Settings, now: datetime | None = None) -> list[StreamStatus
             total = s.clean_bytes + s.dirty_bytes
             out.append(StreamStatus(names.table, s.stream, s.cleaner_point, s.dirty_events, s.dirty_bytes,
                                     s.clean_bytes, round(s.dirty_bytes / total, 3) if total else 0.0,
-                                    live.get(s.stream, 0), dead.get(s.stream, 0)))
+                                    live.get(s.stream, 0), dead.get(s.stream, 0), quota.name,
+                                    quota.compacted_bytes_per_partition))
     return out

@@ -111,9 +111,14 @@ def compact(config: Optional[Path] = ConfigOpt,
 @app.command()
 def run(config: Optional[Path] = ConfigOpt,
         every: Optional[float] = typer.Option(None, help="repeat ingest + compact every N seconds until Ctrl-C"),
-        force: bool = typer.Option(False, help="compact regardless of the dirty ratio")) -> None:
+        force: bool = typer.Option(False, help="compact regardless of the dirty ratio"),
+        metrics_port: Optional[int] = typer.Option(None, help="serve Prometheus metrics on 127.0.0.1:PORT")) -> None:
     """Ingest then compact, once (default) or repeatedly with --every."""
     settings = _settings(config)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1")
     while True:
         _guard(lambda: _do_ingest(settings))
         _guard(lambda: _do_compact(settings, None, force))
@@ -127,11 +132,37 @@ def _print_status(settings: Settings) -> None:
 
     rows = get_status(settings)
     table = Table("table", "stream", "cleaner point", "dirty events", "dirty bytes", "clean bytes", "dirty ratio",
-                  "live rows", "tombstones", title="status")
+                  "live rows", "tombstones", "usage / quota", title="status")
     for s in rows:
         table.add_row(s.table, s.stream, f"{s.cleaner_point:,}", f"{s.dirty_events:,}", f"{s.dirty_bytes:,}",
-                      f"{s.clean_bytes:,}", f"{s.dirty_ratio:.2f}", f"{s.live_rows:,}", f"{s.tombstones:,}")
+                      f"{s.clean_bytes:,}", f"{s.dirty_ratio:.2f}", f"{s.live_rows:,}", f"{s.tombstones:,}",
+                      _usage(s.usage_bytes, s.quota_bytes, s.tier))
     console.print(table)
+
+
+def _usage(used: int, limit: int | None, tier: str) -> str:
+    if limit is None:
+        return f"{used:,} B ({tier}: no compacted quota)"
+    return f"{100 * used / limit:.4g}% of {limit:,} B ({tier})"
+
+
+def _print_quotas(settings: Settings) -> None:
+    from connector.app import status as get_status
+    from quotas.ledger import tiers
+
+    table = Table("tier", "compaction", "compacted size / partition", "max event", "max partitions",
+                  "max retention (days)", "consumer groups", title="tiers")
+    for q in tiers(settings).values():
+        table.add_row(q.name, "yes" if q.compaction_supported else "no",
+                      f"{q.compacted_bytes_per_partition:,} B" if q.compacted_bytes_per_partition else "-",
+                      f"{q.max_event_bytes:,} B", str(q.max_partitions), str(q.max_retention_days),
+                      str(q.consumer_groups))
+    console.print(table)
+    usage = Table("table", "stream", "tier", "usage", "quota", title="usage per partition (state + tombstones + "
+                  "dirty log, key + payload bytes)")
+    for s in get_status(settings):
+        usage.add_row(s.table, s.stream, s.tier, f"{s.usage_bytes:,} B", _usage(s.usage_bytes, s.quota_bytes, s.tier))
+    console.print(usage)
 
 
 @app.command()
@@ -139,6 +170,13 @@ def status(config: Optional[Path] = ConfigOpt) -> None:
     """Per table and stream: cleaner point, dirty ratio, live rows, tombstones, bytes (no Spark needed)."""
     settings = _settings(config)
     _guard(lambda: _print_status(settings))
+
+
+@app.command()
+def quotas(config: Optional[Path] = ConfigOpt) -> None:
+    """The Event Hubs tiers (and custom ones) and each table's usage per partition against its tier."""
+    settings = _settings(config)
+    _guard(lambda: _print_quotas(settings))
 
 
 def _print_query(settings: Settings, sql: str, limit: int) -> None:
@@ -190,6 +228,7 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
                                           f"{ns}.products__dead_letters", 50))
     console.rule("[bold]status[/bold]")
     _guard(lambda: _print_status(settings))
+    _guard(lambda: _print_quotas(settings))
     console.print(f"demo finished in {time.monotonic() - started:.1f}s; catalog {settings.catalog_uri}")
 
 

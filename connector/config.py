@@ -44,10 +44,34 @@ class CompactionConfig(_Section):
     min_compaction_lag_seconds: float = Field(0.0, ge=0.0)
     max_compaction_lag_seconds: float | None = Field(None, gt=0.0, description="unset = infinite")
     tombstone_retention_hours: float = Field(24.0, ge=0.0)
+    log_retention_hours: float = Field(24.0, gt=0.0, description="retention of the raw log (tier-checked)")
 
 
 class TableConfig(_Section):
     key_fields: list[str] = Field(default_factory=list, description="payload fields forming the key")
+    tier: str | None = Field(None, description="Event Hubs tier of this table; default quotas.default_tier")
+    compaction: bool = True
+    partitions: int | None = Field(None, gt=0, description="partitions of the event hub (checked against the tier)")
+    log_retention_hours: float | None = Field(None, gt=0.0)
+    max_event_bytes: int | None = Field(None, gt=0, description="override of the tier's event size limit")
+    compacted_bytes_per_partition: int | None = Field(None, gt=0, description="override of the tier's quota")
+
+
+class CustomTier(_Section):
+    compaction_supported: bool = True
+    compacted_bytes_per_partition: int | None = Field(None, gt=0)
+    max_event_bytes: int = Field(1024**2, gt=0)
+    max_partitions: int = Field(32, gt=0)
+    max_retention_days: int = Field(7, gt=0)
+    consumer_groups: int = Field(20, gt=0)
+
+
+class QuotaConfig(_Section):
+    default_tier: str = "standard"
+    policy: Literal["fail", "backpressure"] = Field(
+        "fail", description="fail: stop with QuotaExceededError; backpressure: pause the partition, compact, resume")
+    soft_threshold: float = Field(0.8, gt=0.0, le=1.0, description="warn when usage reaches this share of the quota")
+    custom: dict[str, CustomTier] = Field(default_factory=dict, description="extra tiers by name")
 
 
 class SparkConfig(_Section):
@@ -66,6 +90,7 @@ class Settings(BaseSettings):
     source: SourceConfig = SourceConfig()
     compaction: CompactionConfig = CompactionConfig()
     spark: SparkConfig = SparkConfig()
+    quotas: QuotaConfig = QuotaConfig()
     tables: dict[str, TableConfig] = Field(default_factory=dict)
 
     @classmethod

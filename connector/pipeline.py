@@ -13,7 +13,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import orjson
 import pyarrow as pa
@@ -26,6 +26,11 @@ from connector.records import ChangeEvent, DeadLetter, SourceRecord
 from connector.sources import Source
 from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
 from iceberg.log_writer import append_with_positions, committed_positions
+from quotas.errors import QuotaExceededError
+from quotas.metrics import DEAD_LETTERS, EVENTS, REFUSALS
+
+if TYPE_CHECKING:
+    from quotas.ledger import QuotaGate
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +135,12 @@ class Sinks:
         self.positions[name] = merged
 
 
+def _caps(gate: "QuotaGate | None", sink: str) -> dict[str, int]:
+    if gate is None or not sink.endswith(LOG_SUFFIX):
+        return {}
+    return gate.caps(sink[: -len(LOG_SUFFIX)])
+
+
 def ingest(
     source: Source,
     catalog: Catalog,
@@ -138,36 +149,74 @@ def ingest(
     batch_size: int,
     on_batch: Callable[[IngestStats], None] | None = None,
     max_records: int | None = None,
+    gate: "QuotaGate | None" = None,
+    make_room: Callable[[list[str]], dict[str, dict[str, int]]] | None = None,
 ) -> IngestStats:
-    """Ingest until the source is caught up (or `max_records` were read)."""
+    """Ingest until the source is caught up (or `max_records` were read).
+
+    With a quota gate, a partition that would exceed its table's quota is not committed
+    for that table. Policy `fail` raises QuotaExceededError after the batch's other
+    partitions are committed; with `make_room` (policy backpressure) the paused tables are
+    compacted once the other partitions are caught up, and the run resumes; it raises when
+    a paused partition made no progress.
+    """
     sinks = Sinks(catalog, namespace)
-    source.seek(sinks.resume_positions())
     stats = IngestStats()
+    stuck: dict[tuple[str, str], int] = {}
+    while True:
+        # Every table has accounted for everything below the resume positions; a pass
+        # only ever records what it read itself on top of them.
+        stats.positions = sinks.resume_positions()
+        source.seek(stats.positions)
+        _one_pass(source, sinks, decoder, batch_size, stats, on_batch, max_records, gate, make_room is None)
+        # Tables that received nothing lately still record how far the run got, so the next
+        # run does not re-read from their older positions.
+        for name, held in list(sinks.positions.items()):
+            wanted = {**stats.positions, **_caps(gate, name)}
+            if any(held.get(s, 0) < p for s, p in wanted.items()):
+                sinks.commit(name, sinks.tables[name].schema().as_arrow().empty_table(), wanted)
+        if gate is None or not gate.paused or make_room is None:
+            return stats
+        now_stuck = {k: r.first_refused for k, r in gate.paused.items()}
+        if any(stuck.get(k) == v for k, v in now_stuck.items()):
+            raise QuotaExceededError([r for k, r in gate.paused.items() if stuck.get(k) == now_stuck[k]])
+        stuck = now_stuck
+        tables = sorted({t for t, _ in gate.paused})
+        log.warning("backpressure: compacting %s to make room for paused partitions %s", tables, sorted(now_stuck))
+        gate.reset(make_room(tables))
+
+
+def _one_pass(source: Source, sinks: "Sinks", decoder: Decoder, batch_size: int, stats: IngestStats,
+              on_batch: Callable[[IngestStats], None] | None, max_records: int | None,
+              gate: "QuotaGate | None", fail_fast: bool) -> None:
     while max_records is None or stats.records < max_records:
         limit = batch_size if max_records is None else min(batch_size, max_records - stats.records)
         batch = source.poll(limit)
         if not batch:
-            break
-        _ingest_batch(batch, sinks, decoder, stats)
+            return
+        refused = _ingest_batch(batch, sinks, decoder, stats, gate)
         source.commit(stats.positions)
         if on_batch:
             on_batch(stats)
-    # Tables that received nothing lately still record how far the run got, so the next
-    # run does not re-read from their older positions.
-    for name, held in list(sinks.positions.items()):
-        if any(held.get(s, 0) < p for s, p in stats.positions.items()):
-            sinks.commit(name, sinks.tables[name].schema().as_arrow().empty_table(), stats.positions)
-    return stats
+        if refused and fail_fast:
+            raise QuotaExceededError(refused)
 
 
-def _ingest_batch(batch: list[SourceRecord], sinks: Sinks, decoder: Decoder, stats: IngestStats) -> None:
+def _ingest_batch(batch: list[SourceRecord], sinks: Sinks, decoder: Decoder, stats: IngestStats,
+                  gate: "QuotaGate | None" = None) -> list:
+    """Commits one batch to every table it touches; returns the quota refusals."""
     now = datetime.now(timezone.utc)
     events: dict[str, list[ChangeEvent]] = defaultdict(list)
     letters: dict[str, list[DeadLetter]] = defaultdict(list)
     for record in batch:
         out = decoder.decode(record)
+        if gate is not None and isinstance(out, ChangeEvent):
+            too_large = gate.oversize(out.table, _payload_bytes(record))
+            if too_large:
+                out = DeadLetter(record, out.table, "size", too_large)
         if isinstance(out, DeadLetter):
             log.warning("dead letter for table %s at %s: %s: %s", out.table, record.where(), out.reason, out.detail)
+            DEAD_LETTERS.labels(out.table, out.reason).inc()
             letters[out.table + DEAD_LETTERS_SUFFIX].append(out)
         else:
             events[out.table + LOG_SUFFIX].append(out)
@@ -175,17 +224,39 @@ def _ingest_batch(batch: list[SourceRecord], sinks: Sinks, decoder: Decoder, sta
     for r in batch:
         batch_positions[r.stream] = max(batch_positions.get(r.stream, 0), r.sequence_number + 1)
 
+    refusals: list = []
     for groups, schema, to_rows, counter in (
         (events, LOG_SCHEMA, log_rows, stats.accepted),
         (letters, DEAD_LETTER_SCHEMA, dead_letter_rows, stats.dead_letters),
     ):
         for name, items in groups.items():
+            table = name.rsplit("__", 1)[0]
             sinks.get(name, schema)
             held = sinks.positions[name]
             fresh = [i for i in items if i.record.sequence_number >= held.get(i.record.stream, 0)]
             stats.duplicates += len(items) - len(fresh)
-            sinks.commit(name, to_rows(fresh, now), batch_positions)
-            counter[name.rsplit("__", 1)[0]] += len(fresh)
+            if gate is not None and groups is events:
+                incoming: dict[str, tuple[int, int]] = {}
+                for e in fresh:
+                    n, first = incoming.get(e.record.stream, (0, e.record.sequence_number))
+                    incoming[e.record.stream] = (n + _payload_bytes(e.record), min(first, e.record.sequence_number))
+                new = gate.admit(table, incoming)
+                for r in new:
+                    REFUSALS.labels(table, r.stream).inc()
+                refusals += new
+                caps = _caps(gate, name)
+                fresh = [e for e in fresh if e.record.stream not in caps]
+            sinks.commit(name, to_rows(fresh, now), {**batch_positions, **_caps(gate, name)})
+            counter[table] += len(fresh)
+            if groups is events:
+                EVENTS.labels(table).inc(len(fresh))
+                committed: dict[str, int] = defaultdict(int)
+                for e in fresh:
+                    committed[e.record.stream] += _payload_bytes(e.record)
+                for stream, nbytes in committed.items():
+                    if gate is not None:
+                        gate.record(table, stream, nbytes)
     stats.records += len(batch)
     stats.batches += 1
     stats.positions = batch_positions
+    return refusals
