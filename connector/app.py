@@ -58,7 +58,7 @@ def validate_tables(settings: Settings, catalog: Catalog) -> None:
 
 def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | None = None,
                max_records: int | None = None) -> IngestStats:
-    if not settings.source.path and settings.source.type == "file":
+    if settings.source.type == "file" and not settings.source.path:
         from connector.errors import ConfigError
 
         raise ConfigError("source.path: set the replay file (config file or CDCLAKE_SOURCE__PATH)")

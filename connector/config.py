@@ -11,7 +11,7 @@ import contextvars
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from connector.errors import ConfigError
@@ -31,11 +31,68 @@ class CatalogConfig(_Section):
     properties: dict[str, str] = Field(default_factory=dict, description="extra FileIO properties (s3.*, adls.*)")
 
 
+EVENTHUBS_KAFKA_PORT = 9093
+
+
 class SourceConfig(_Section):
-    type: Literal["file"] = "file"
+    type: Literal["file", "kafka", "eventhubs-kafka"] = "file"
+    batch_size: int = Field(50_000, gt=0, description="records per ingest commit")
+    # file
     path: str | None = None
     topic: str | None = Field(None, description="topic for file lines that carry none")
-    batch_size: int = Field(50_000, gt=0, description="records per ingest commit")
+    # kafka and eventhubs-kafka
+    bootstrap_servers: str | None = Field(None, description="host:port list; for eventhubs-kafka derived from namespace")
+    topics: list[str] = Field(default_factory=list, description="topics (event hubs) to read")
+    group_id: str = Field("cdclake", description="consumer group whose offsets mirror the committed positions")
+    security_protocol: str | None = Field(None, description="default PLAINTEXT (kafka), SASL_SSL (eventhubs-kafka)")
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    namespace: str | None = Field(None, description="Event Hubs namespace (eventhubs-kafka)")
+    connection_string: SecretStr | None = Field(None, description="Event Hubs connection string (eventhubs-kafka)")
+    starting_position: Literal["earliest", "latest"] = Field(
+        "earliest", description="where a partition with no committed position starts")
+    fail_on_data_loss: bool = Field(
+        True, description="stop when committed offsets no longer exist in the source (retention, compaction)")
+    unavailable_timeout_seconds: float = Field(60.0, gt=0, description="broker unreachable this long: fail")
+    kafka: dict[str, str] = Field(default_factory=dict, description="extra librdkafka settings")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SourceConfig":
+        if self.type == "kafka" and not (self.bootstrap_servers and self.topics):
+            raise ValueError("source.type = 'kafka' needs source.bootstrap_servers and source.topics")
+        if self.type == "eventhubs-kafka":
+            if not (self.namespace or self.bootstrap_servers) or not self.connection_string or not self.topics:
+                raise ValueError("source.type = 'eventhubs-kafka' needs source.namespace, "
+                                 "source.connection_string and source.topics")
+            cs = self.connection_string.get_secret_value()
+            if "Endpoint=sb://" not in cs or "SharedAccessKey" not in cs:
+                raise ValueError("source.connection_string is not an Event Hubs connection string "
+                                 "(expected Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...)")
+        return self
+
+    def kafka_settings(self) -> dict[str, str]:
+        """librdkafka settings for the kafka and eventhubs-kafka sources (holds the secret)."""
+        conf: dict[str, str] = {}
+        if self.type == "eventhubs-kafka":
+            conf = {
+                "bootstrap.servers": self.bootstrap_servers or f"{self.namespace}.servicebus.windows.net:"
+                                                               f"{EVENTHUBS_KAFKA_PORT}",
+                "security.protocol": self.security_protocol or "SASL_SSL",
+                "sasl.mechanisms": "PLAIN",
+                "sasl.username": "$ConnectionString",
+                "sasl.password": self.connection_string.get_secret_value(),  # type: ignore[union-attr]
+            }
+        else:
+            conf = {"bootstrap.servers": self.bootstrap_servers or "",
+                    "security.protocol": self.security_protocol or "PLAINTEXT"}
+            if self.sasl_mechanism:
+                conf["sasl.mechanisms"] = self.sasl_mechanism
+            if self.sasl_username:
+                conf["sasl.username"] = self.sasl_username
+            if self.sasl_password:
+                conf["sasl.password"] = self.sasl_password.get_secret_value()
+        return {**conf, **self.kafka}
 
 
 class CompactionConfig(_Section):

@@ -10,3 +10,4 @@ if [ ! -f .venv/.stamp ] || [ pyproject.toml -nt .venv/.stamp ]; then
   touch .venv/.stamp
 fi
 bash infra/fetch-jars.sh
+.venv/bin/python infra/kafka_broker.py fetch >/dev/null   # broker jars for the Kafka tests

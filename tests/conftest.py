@@ -46,3 +46,20 @@ def spark(work_root: Path):
     session = get_spark(load_settings(work_dir=work_root, spark={"shuffle_partitions": 2}))
     yield session
     session.stop()
+
+
+SASL_PASSWORD = "Endpoint=sb://cdclake-test.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=s3cr3t="
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory):
+    """One real KRaft broker for the run (PLAINTEXT and SASL_PLAINTEXT listeners on 127.0.0.1)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "infra" / "kafka_broker.py"
+    spec = importlib.util.spec_from_file_location("kafka_broker", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    broker = module.KafkaBroker(tmp_path_factory.mktemp("kafka"), sasl_password=SASL_PASSWORD).start()
+    yield broker
+    broker.stop()

@@ -43,4 +43,11 @@ def load_source(config: "SourceConfig") -> Source:
         from connector.sources.file import FileSource
 
         return FileSource(config.path, default_topic=config.topic)
-    raise NotImplementedError(f"source.type={config.type!r} is not available yet (supported: file)")
+    if config.type in ("kafka", "eventhubs-kafka"):
+        try:
+            from connector.sources.kafka import KafkaSource
+        except ImportError as e:  # pragma: no cover - confluent-kafka is a dependency
+            raise ImportError(f"source.type={config.type!r} needs confluent-kafka: pip install confluent-kafka") from e
+        return KafkaSource(config.kafka_settings(), config.topics, config.group_id, config.starting_position,
+                           config.fail_on_data_loss, config.unavailable_timeout_seconds)
+    raise ValueError(f"source.type={config.type!r}: unknown (supported: file, kafka, eventhubs-kafka)")

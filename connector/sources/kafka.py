@@ -1,0 +1,153 @@
+"""Kafka source (also Event Hubs through its Kafka endpoint), with confluent-kafka.
+
+Partitions are assigned explicitly (no group rebalancing): the pipeline seeks every
+partition to the position recovered from the Iceberg tables; the consumer group's offsets
+are only written after each Iceberg commit, so lag tools see progress. A poll ends when
+every partition reached the end offset it had at seek time (one-shot, like Spark's
+`availableNow`); `cdclake run --every N` repeats it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Mapping
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from connector.errors import SourceError
+from connector.records import SourceRecord, stream_id
+from connector.sources import Source
+
+log = logging.getLogger(__name__)
+METADATA_REFRESH_SECONDS = 10.0
+_UNAVAILABLE = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._AUTHENTICATION,
+                KafkaError.SASL_AUTHENTICATION_FAILED}
+
+
+class KafkaSource(Source):
+    def __init__(self, settings: Mapping[str, str], topics: list[str], group_id: str,
+                 starting_position: str = "earliest", fail_on_data_loss: bool = True,
+                 unavailable_timeout: float = 60.0):
+        self.where = settings.get("bootstrap.servers", "?")
+        self.topics, self.starting = list(topics), starting_position
+        self.fail_on_data_loss, self.unavailable_timeout = fail_on_data_loss, unavailable_timeout
+        self._last_error: KafkaError | None = None
+        self.consumer = Consumer({
+            **settings, "group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "enable.partition.eof": True, "error_cb": self._on_error, "reconnect.backoff.max.ms": 5000,
+        })
+        self._positions: dict[str, int] = {}
+        self._end: dict[str, int] = {}
+        self._assigned: set[tuple[str, int]] = set()
+        self._refreshed = 0.0
+
+    def _on_error(self, err: KafkaError) -> None:
+        self._last_error = err
+        log.warning("kafka %s: %s", self.where, err.str())
+
+    def _partitions(self) -> set[tuple[str, int]]:
+        try:
+            meta = self.consumer.list_topics(timeout=self.unavailable_timeout)
+        except KafkaException as e:
+            raise SourceError(self._unreachable(str(e))) from None
+        out = set()
+        for topic in self.topics:
+            t = meta.topics.get(topic)
+            if t is None or t.error is not None:
+                raise SourceError(f"topic {topic!r} does not exist at {self.where} "
+                                  f"({t.error if t else 'unknown topic'}); create it or fix source.topics")
+            out |= {(topic, p) for p in t.partitions}
+        self._refreshed = time.monotonic()
+        return out
+
+    def _unreachable(self, detail: str) -> str:
+        return (f"Kafka at {self.where} unreachable for {self.unavailable_timeout:g}s ({detail}); the committed "
+                "positions are safe: start the broker or fix source.bootstrap_servers / credentials, then rerun")
+
+    def _start(self, topic: str, partition: int) -> int:
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                        timeout=self.unavailable_timeout)
+        stream = stream_id(topic, partition)
+        self._end[stream] = high
+        if stream not in self._positions:
+            return low if self.starting == "earliest" else high
+        start = self._positions[stream]
+        if start < low:
+            msg = (f"topic {topic!r} partition {partition}: offsets [{start}, {low}) no longer exist in the source "
+                   "(expired by retention or removed by compaction) and were never ingested")
+            if self.fail_on_data_loss:
+                raise SourceError(msg + "; set source.fail_on_data_loss = false to continue from offset "
+                                  f"{low} and accept the loss")
+            log.error("%s; continuing from %s (fail_on_data_loss = false)", msg, low)
+            return low
+        return start
+
+    def _assign(self, parts: set[tuple[str, int]]) -> None:
+        new = sorted(parts - self._assigned)
+        if not new:
+            return
+        tps = [TopicPartition(t, p, self._start(t, p)) for t, p in new]
+        for tp in tps:
+            self._positions[stream_id(tp.topic, tp.partition)] = tp.offset
+        self.consumer.incremental_assign(tps)
+        self._assigned |= set(new)
+        log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in tps])
+
+    def seek(self, positions: Mapping[str, int]) -> None:
+        self._positions = dict(positions)
+        if self._assigned:
+            self.consumer.incremental_unassign([TopicPartition(t, p) for t, p in self._assigned])
+            self._assigned = set()
+        self._assign(self._partitions())
+
+    def _caught_up(self) -> bool:
+        return all(self._positions.get(stream_id(t, p), 0) >= self._end.get(stream_id(t, p), 0)
+                   for t, p in self._assigned)
+
+    def poll(self, max_records: int) -> list[SourceRecord]:
+        out: list[SourceRecord] = []
+        idle_since = time.monotonic()
+        while len(out) < max_records and not self._caught_up():
+            if time.monotonic() - self._refreshed > METADATA_REFRESH_SECONDS:
+                self._assign(self._partitions())  # partitions added while running
+            msgs = self.consumer.consume(num_messages=max_records - len(out), timeout=1.0)
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise SourceError(f"topic {m.topic()!r} partition {m.partition()}: {err.str()}")
+                    continue
+                out.append(self._record(m))
+            if msgs:
+                idle_since = time.monotonic()
+                self._last_error = None
+            elif time.monotonic() - idle_since > self.unavailable_timeout:
+                detail = self._last_error.str() if self._last_error else "no data although the end offset is ahead"
+                raise SourceError(self._unreachable(detail))
+        return out
+
+    def _record(self, m) -> SourceRecord:
+        stream = stream_id(m.topic(), m.partition())
+        self._positions[stream] = m.offset() + 1
+        _, ts = m.timestamp()
+        when = datetime.fromtimestamp(ts / 1000, tz=timezone.utc) if ts and ts > 0 else datetime.now(timezone.utc)
+        return SourceRecord(m.topic(), m.partition(), str(m.offset()), m.offset(), when, m.key(), m.value(),
+                            tuple((k, v) for k, v in (m.headers() or [])))
+
+    def commit(self, positions: Mapping[str, int]) -> None:
+        offsets = [TopicPartition(t, p, positions[stream_id(t, p)]) for t, p in sorted(self._assigned)
+                   if stream_id(t, p) in positions]
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:  # tooling only: the Iceberg tables hold the truth
+            log.warning("could not mirror positions to consumer group at %s: %s", self.where, e)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+__all__ = ["KafkaSource"]

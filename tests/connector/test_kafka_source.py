@@ -1,0 +1,114 @@
+"""The Kafka source against a real broker (infra/kafka_broker.py), through the ingest pipeline."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka import TopicPartition
+
+from connector.app import run_ingest
+from connector.errors import SourceError
+from iceberg.catalog import load_catalog
+from tests.conftest import SASL_PASSWORD
+from tests.iceberg.helpers import names
+
+pytestmark = pytest.mark.kafka
+
+
+def new_topic(kafka, partitions: int = 2) -> str:
+    topic = f"pg.inventory.t{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept alive until the futures resolve
+    for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        f.result(30)
+    return topic
+
+
+def produce(kafka, topic: str, events: list[tuple[int, int, str | None]]) -> None:
+    """(partition, key id, op or None for a tombstone) as Debezium JSON."""
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i, (part, key, op) in enumerate(events):
+        value = None if op is None else json.dumps({
+            "op": op, "after": None if op == "d" else {"id": key, "n": i},
+            "source": {"connector": "postgresql", "table": topic.rsplit(".", 1)[1], "lsn": 100 + i}})
+        p.produce(topic, key=json.dumps({"id": key}), value=value, partition=part)
+    p.flush(30)
+
+
+def kafka_settings(settings, kafka, topic: str, **source):
+    conf = {"type": "kafka", "bootstrap_servers": kafka.bootstrap, "topics": [topic], "batch_size": 4,
+            "unavailable_timeout_seconds": 15, "group_id": f"g-{topic}"} | source
+    return settings.model_copy(update={"source": settings.source.model_validate(conf)})
+
+
+def log_positions(s, table: str) -> list[tuple[int, int]]:
+    t = load_catalog(s).load_table(names(s, table).log)
+    return sorted((r["partition"], r["sequence_number"])
+                  for r in t.scan(selected_fields=("partition", "sequence_number")).to_arrow().to_pylist())
+
+
+def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(settings, kafka):
+    topic = new_topic(kafka)
+    table = topic.rsplit(".", 1)[1]
+    produce(kafka, topic, [(0, 1, "c"), (1, 2, "c"), (0, 1, "d"), (0, 1, None), (1, 2, "u")])
+    s = kafka_settings(settings, kafka, topic)
+    assert run_ingest(s).accepted[table] == 5
+    assert run_ingest(s).records == 0  # nothing new: the table's positions say so
+    produce(kafka, topic, [(1, 3, "c")])
+    assert run_ingest(s).accepted[table] == 1
+    assert log_positions(s, table) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"g-{topic}"})
+    committed = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
+    c.close()
+    assert [tp.offset for tp in committed] == [3, 3]
+
+
+def test_event_hubs_kafka_endpoint_sasl_plain(settings, kafka):
+    topic = new_topic(kafka, 1)
+    produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
+    eh = {"type": "eventhubs-kafka", "namespace": "cdclake-test", "connection_string": SASL_PASSWORD,
+          "bootstrap_servers": kafka.sasl_bootstrap, "security_protocol": "SASL_PLAINTEXT"}
+    s = kafka_settings(settings, kafka, topic, **eh)
+    assert s.source.kafka_settings()["sasl.username"] == "$ConnectionString"
+    assert run_ingest(s).accepted[topic.rsplit(".", 1)[1]] == 2
+    bad = kafka_settings(settings, kafka, topic, **(eh | {
+        "connection_string": SASL_PASSWORD.replace("s3cr3t", "wrong"), "unavailable_timeout_seconds": 5}))
+    with pytest.raises(SourceError) as e:
+        run_ingest(bad.model_copy(update={"catalog": bad.catalog.model_copy(update={"namespace": "sasl_bad"})}))
+    assert "wrong" not in str(e.value) and "s3cr3t" not in str(e.value) and kafka.sasl_bootstrap in str(e.value)
+
+
+def test_partitions_added_between_runs_are_read(settings, kafka):
+    topic = new_topic(kafka, 1)
+    table = topic.rsplit(".", 1)[1]
+    produce(kafka, topic, [(0, 1, "c")])
+    s = kafka_settings(settings, kafka, topic)
+    run_ingest(s)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for f in admin.create_partitions([NewPartitions(topic, 2)]).values():
+        f.result(30)
+    produce(kafka, topic, [(1, 2, "c")])
+    run_ingest(s)
+    assert log_positions(s, table) == [(0, 0), (1, 0)]
+
+
+def test_offsets_that_no_longer_exist_are_reported(settings, kafka):
+    topic = new_topic(kafka, 1)
+    table = topic.rsplit(".", 1)[1]
+    produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
+    s = kafka_settings(settings, kafka, topic)
+    run_ingest(s, max_records=1)  # offset 0 committed, offset 1 not yet
+    produce(kafka, topic, [(0, 3, "c")])
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for f in admin.delete_records([TopicPartition(topic, 0, 2)]).values():  # retention removed offsets 0-1
+        f.result(30)
+    with pytest.raises(SourceError, match=r"partition 0: offsets \[1, 2\) no longer exist"):
+        run_ingest(s)
+    lenient = kafka_settings(settings, kafka, topic, fail_on_data_loss=False)
+    run_ingest(lenient)
+    assert log_positions(s, table) == [(0, 0), (0, 2)]

@@ -1,0 +1,46 @@
+"""A separate producer process for the end-to-end Kafka test: Debezium JSON events.
+
+    python tests/kafka_producer.py BOOTSTRAP TOPIC N OUT.jsonl
+
+Idempotent producer (acks=all), so a broker restart neither loses nor duplicates. Writes
+every delivered event (partition, offset, key, op) to OUT.jsonl.
+"""
+
+import json
+import random
+import sys
+import time
+
+from confluent_kafka import Producer
+
+
+def main(bootstrap: str, topic: str, n: int, out: str) -> None:
+    rng = random.Random(7)
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                  "message.timeout.ms": 120000, "linger.ms": 5})
+    delivered = open(out, "w")
+
+    def on_delivery(err, msg):
+        if err is not None:
+            raise SystemExit(f"delivery failed: {err}")
+        delivered.write(json.dumps({"partition": msg.partition(), "offset": msg.offset(),
+                                    "key": msg.key().decode(), "tombstone": msg.value() is None}) + "\n")
+
+    table = topic.rsplit(".", 1)[1]
+    for i in range(n):
+        key = rng.randrange(20)
+        op = rng.choice(["c", "u", "u", "d"])
+        value = json.dumps({"op": op, "after": None if op == "d" else {"id": key, "i": i},
+                            "source": {"connector": "postgresql", "table": table, "lsn": 1000 + i}})
+        p.produce(topic, key=json.dumps({"id": key}), value=value, partition=key % 2, on_delivery=on_delivery)
+        if op == "d":
+            p.produce(topic, key=json.dumps({"id": key}), value=None, partition=key % 2, on_delivery=on_delivery)
+        p.poll(0)
+        time.sleep(0.02)
+    if p.flush(120) != 0:
+        raise SystemExit("not every event was delivered")
+    delivered.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])

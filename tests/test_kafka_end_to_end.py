@@ -1,0 +1,74 @@
+"""A stream produced to the real broker by a separate producer process lands in the
+compacted tables exactly once across a broker restart and a connector kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from connector.app import run_compaction
+from connector.debezium import Decoder
+from connector.records import SourceRecord
+from iceberg.catalog import load_catalog
+from tests.connector.test_kafka_source import kafka_settings, new_topic
+from tests.iceberg.helpers import names, offsets_by_key
+from tests.model import expected_tables
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def log_rows(s, table):
+    t = load_catalog(s).load_table(names(s, table).log)
+    return t.scan().to_arrow().to_pylist()
+
+
+def connector(s, topic: str) -> subprocess.Popen:
+    env = {**os.environ, "CDCLAKE_WORK_DIR": str(s.work_dir), "CDCLAKE_CATALOG__NAMESPACE": s.catalog.namespace,
+           "CDCLAKE_SOURCE__TYPE": "kafka", "CDCLAKE_SOURCE__BOOTSTRAP_SERVERS": s.source.bootstrap_servers,
+           "CDCLAKE_SOURCE__TOPICS": json.dumps([topic]), "CDCLAKE_SOURCE__BATCH_SIZE": "50",
+           "CDCLAKE_SOURCE__UNAVAILABLE_TIMEOUT_SECONDS": "60", "CDCLAKE_SPARK__SHUFFLE_PARTITIONS": "2"}
+    return subprocess.Popen([sys.executable, "-m", "connector.cli", "run", "--every", "1"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_exactly_once_across_broker_restart_and_connector_kill(spark, settings, kafka, tmp_path):
+    topic = new_topic(kafka, 2)
+    table = topic.rsplit(".", 1)[1]
+    s = kafka_settings(settings, kafka, topic)
+    delivered = tmp_path / "delivered.jsonl"
+    producer = subprocess.Popen([sys.executable, str(ROOT / "tests" / "kafka_producer.py"), kafka.bootstrap, topic,
+                                 "300", str(delivered)], cwd=ROOT)
+    run = connector(s, topic)
+    time.sleep(6)
+    os.killpg(run.pid, signal.SIGKILL)  # the connector dies mid-stream
+    run.wait()
+    kafka.stop()  # and the broker goes away for a moment
+    time.sleep(2)
+    kafka.start()
+    run = connector(s, topic)
+    assert producer.wait(180) == 0
+    sent = [json.loads(line) for line in delivered.read_text().splitlines()]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and len(log_rows(s, table)) < len(sent):
+        time.sleep(2)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+
+    rows = log_rows(s, table)
+    got = sorted((r["partition"], r["sequence_number"]) for r in rows)
+    assert got == sorted((e["partition"], e["offset"]) for e in sent)  # nothing lost, nothing twice
+    run_compaction(s, [table], force=True)
+    decoder = Decoder()
+    events = [decoder.decode(SourceRecord(r["topic"], r["partition"], r["offset"], r["sequence_number"],
+                                          r["enqueued_time"], r["key"].encode(), r["value"])) for r in rows]
+    state, tombs = expected_tables(events, "source")
+    assert offsets_by_key(s, names(s, table).state) == state
+    assert offsets_by_key(s, names(s, table).tombstones) == tombs
