@@ -72,6 +72,25 @@ def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | Non
         return load_usage(settings, catalog)
 
     backpressure = settings.quotas.policy == "backpressure"
+    src = settings.source
+    stream = None
+    if src.type == "eventhubs" and src.eventhubs_mode == "spark":
+        from connector.sources import checkpoint_mirror
+        from connector.sources.eventhubs import EventHubsDataSource
+
+        stream = (EventHubsDataSource, src.eventhubs_options(), checkpoint_mirror(src))
+    elif src.type in ("kafka", "eventhubs-kafka") and src.kafka_mode == "spark":
+        from connector.sources.kafka import GroupOffsetsMirror
+        from connector.sources.kafka_stream import KafkaDataSource
+
+        stream = (KafkaDataSource, src.kafka_stream_options(), GroupOffsetsMirror(src.kafka_settings(), src.group_id))
+    if stream is not None:
+        from connector.pipeline import ingest_spark_stream
+        from iceberg.spark import get_spark
+
+        source_cls, options, mirror = stream
+        return ingest_spark_stream(get_spark(settings), source_cls, options, catalog, settings.catalog.namespace,
+                                   Decoder(settings.key_fields()), src.batch_size, gate, on_batch, mirror)
     with load_source(settings.source) as source:
         return ingest(source, catalog, settings.catalog.namespace, Decoder(settings.key_fields()),
                       settings.source.batch_size, on_batch, max_records, gate, make_room if backpressure else None)

@@ -8,6 +8,7 @@ Every error names the offending key.
 from __future__ import annotations
 
 import contextvars
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ EVENTHUBS_KAFKA_PORT = 9093
 
 
 class SourceConfig(_Section):
-    type: Literal["file", "kafka", "eventhubs-kafka"] = "file"
+    type: Literal["file", "kafka", "eventhubs-kafka", "eventhubs"] = "file"
     batch_size: int = Field(50_000, gt=0, description="records per ingest commit")
     # file
     path: str | None = None
@@ -56,6 +57,18 @@ class SourceConfig(_Section):
         True, description="stop when committed offsets no longer exist in the source (retention, compaction)")
     unavailable_timeout_seconds: float = Field(60.0, gt=0, description="broker unreachable this long: fail")
     kafka: dict[str, str] = Field(default_factory=dict, description="extra librdkafka settings")
+    kafka_mode: Literal["spark", "driver"] = Field(
+        "spark", description="spark: Spark Structured Streaming (executors read partitions); driver: one consumer")
+    # eventhubs (AMQP)
+    event_hub: str | None = Field(None, description="event hub name (eventhubs); default the EntityPath")
+    consumer_group: str = "$Default"
+    eventhubs_mode: Literal["spark", "driver"] = Field(
+        "spark", description="spark: a PySpark streaming data source, executors read partitions in parallel")
+    reader: str = Field("connector.sources.eventhubs:sdk_reader", description="module:factory of the reader")
+    reader_options: dict[str, str] = Field(default_factory=dict)
+    checkpoint_connection_string: SecretStr | None = Field(
+        None, description="Azure Blob connection string: positions are mirrored to a BlobCheckpointStore")
+    checkpoint_container: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "SourceConfig":
@@ -69,7 +82,27 @@ class SourceConfig(_Section):
             if "Endpoint=sb://" not in cs or "SharedAccessKey" not in cs:
                 raise ValueError("source.connection_string is not an Event Hubs connection string "
                                  "(expected Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...)")
+        if self.type == "eventhubs":
+            if not self.connection_string or not (self.event_hub or "EntityPath=" in
+                                                  self.connection_string.get_secret_value()):
+                raise ValueError("source.type = 'eventhubs' needs source.connection_string and source.event_hub "
+                                 "(or an EntityPath in the connection string)")
+            if bool(self.checkpoint_connection_string) != bool(self.checkpoint_container):
+                raise ValueError("source.checkpoint_connection_string and source.checkpoint_container go together")
         return self
+
+    def eventhubs_options(self) -> dict[str, str]:
+        """Options of the Event Hubs reader (hold the secret)."""
+        cs = self.connection_string.get_secret_value() if self.connection_string else ""
+        hub = self.event_hub or cs.split("EntityPath=", 1)[-1].split(";", 1)[0]
+        return {"event_hub": hub, "connection_string": cs, "consumer_group": self.consumer_group,
+                "reader": self.reader, **self.reader_options}
+
+    def kafka_stream_options(self) -> dict[str, str]:
+        """Options of the Kafka streaming data source (hold the secret)."""
+        return {"kafka_settings": json.dumps(self.kafka_settings()), "topics": json.dumps(self.topics),
+                "starting_position": self.starting_position, "fail_on_data_loss": str(self.fail_on_data_loss).lower(),
+                "unavailable_timeout_seconds": str(self.unavailable_timeout_seconds)}
 
     def kafka_settings(self) -> dict[str, str]:
         """librdkafka settings for the kafka and eventhubs-kafka sources (holds the secret)."""

@@ -9,11 +9,12 @@ nothing twice.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import orjson
 import pyarrow as pa
@@ -260,3 +261,43 @@ def _ingest_batch(batch: list[SourceRecord], sinks: Sinks, decoder: Decoder, sta
     stats.batches += 1
     stats.positions = batch_positions
     return refusals
+
+
+def ingest_spark_stream(
+    spark: Any, source: type, options: Mapping[str, str], catalog: Catalog, namespace: str, decoder: Decoder,
+    batch_size: int, gate: "QuotaGate | None" = None, on_batch: Callable[[IngestStats], None] | None = None,
+    mirror: Any = None,
+) -> IngestStats:
+    """A PySpark streaming data source (`source`, run with availableNow): every micro-batch goes
+    through the same decode -> admit -> log append as `ingest`, from the tables' positions.
+    After each Iceberg commit, `mirror.update({stream: (sequence_number, offset)})` copies
+    the committed positions into the source's tooling."""
+    from connector.sources.spark_stream import run_available_now
+
+    sinks = Sinks(catalog, namespace)
+    stats = IngestStats(positions=sinks.resume_positions())
+    failure: list[BaseException] = []
+
+    def on_records(records: list[SourceRecord]) -> None:
+        try:
+            for i in range(0, len(records), batch_size):
+                chunk = records[i: i + batch_size]
+                refused = _ingest_batch(chunk, sinks, decoder, stats, gate)
+                if mirror is not None:
+                    capped = {s for (_, s) in (gate.paused if gate else {})}
+                    mirror.update({r.stream: (r.sequence_number, r.offset) for r in chunk if r.stream not in capped})
+                if on_batch:
+                    on_batch(stats)
+                if refused:
+                    raise QuotaExceededError(refused)
+        except BaseException as e:  # re-raised below with its type; Spark would wrap it
+            failure.append(e)
+            raise
+
+    try:
+        run_available_now(spark, source, {**options, "positions": json.dumps(stats.positions)}, on_records)
+    except Exception:
+        if failure:
+            raise failure[0] from None
+        raise
+    return stats

@@ -43,6 +43,11 @@ def settings(work_root: Path) -> Settings:
 def spark(work_root: Path):
     from iceberg.spark import get_spark
 
+    import os
+
+    # Python workers import test helpers (the Event Hubs fake reader) too
+    root = str(Path(__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     session = get_spark(load_settings(work_dir=work_root, spark={"shuffle_partitions": 2}))
     yield session
     session.stop()
@@ -63,3 +68,37 @@ def kafka(tmp_path_factory):
     broker = module.KafkaBroker(tmp_path_factory.mktemp("kafka"), sasl_password=SASL_PASSWORD).start()
     yield broker
     broker.stop()
+
+
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="  # public dev key
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """Azurite's blob service on a free 127.0.0.1 port; yields its connection string."""
+    import socket
+    import subprocess
+    import time
+
+    exe = Path(__file__).resolve().parents[1] / ".cache" / "node" / "node_modules" / ".bin" / "azurite-blob"
+    if not exe.exists():
+        pytest.fail(f"{exe} missing: run bash infra/setup.sh")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(exe), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
+                             str(tmp_path_factory.mktemp("azurite")), "--skipApiVersionCheck", "--loose",
+                             "--disableTelemetry"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("Azurite did not start")
+    yield (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};"
+           f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;")
+    proc.terminate()
+    proc.wait(10)

@@ -1,20 +1,22 @@
 """A separate producer process for the end-to-end Kafka test: Debezium JSON events.
 
-    python tests/kafka_producer.py BOOTSTRAP TOPIC N OUT.jsonl
+    python tests/kafka_producer.py BOOTSTRAP TOPIC N OUT.jsonl [GO_FILE]
 
 Idempotent producer (acks=all), so a broker restart neither loses nor duplicates. Writes
-every delivered event (partition, offset, key, op) to OUT.jsonl.
+every delivered event (partition, offset, key, op) to OUT.jsonl. With GO_FILE, produces
+the first half, then waits (up to 5 minutes) for GO_FILE to exist before the second half.
 """
 
 import json
 import random
 import sys
 import time
+from pathlib import Path
 
 from confluent_kafka import Producer
 
 
-def main(bootstrap: str, topic: str, n: int, out: str) -> None:
+def main(bootstrap: str, topic: str, n: int, out: str, go_file: str | None = None) -> None:
     rng = random.Random(7)
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                   "message.timeout.ms": 120000, "linger.ms": 5})
@@ -28,6 +30,11 @@ def main(bootstrap: str, topic: str, n: int, out: str) -> None:
 
     table = topic.rsplit(".", 1)[1]
     for i in range(n):
+        if go_file and i == n // 2:
+            p.flush(120)
+            deadline = time.monotonic() + 300
+            while not Path(go_file).exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
         key = rng.randrange(20)
         op = rng.choice(["c", "u", "u", "d"])
         value = json.dumps({"op": op, "after": None if op == "d" else {"id": key, "i": i},
@@ -36,11 +43,11 @@ def main(bootstrap: str, topic: str, n: int, out: str) -> None:
         if op == "d":
             p.produce(topic, key=json.dumps({"id": key}), value=None, partition=key % 2, on_delivery=on_delivery)
         p.poll(0)
-        time.sleep(0.02)
+        time.sleep(0.01)
     if p.flush(120) != 0:
         raise SystemExit("not every event was delivered")
     delivered.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)

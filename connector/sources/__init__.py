@@ -50,4 +50,25 @@ def load_source(config: "SourceConfig") -> Source:
             raise ImportError(f"source.type={config.type!r} needs confluent-kafka: pip install confluent-kafka") from e
         return KafkaSource(config.kafka_settings(), config.topics, config.group_id, config.starting_position,
                            config.fail_on_data_loss, config.unavailable_timeout_seconds)
-    raise ValueError(f"source.type={config.type!r}: unknown (supported: file, kafka, eventhubs-kafka)")
+    if config.type == "eventhubs":
+        from connector.sources.eventhubs import EventHubsSource, load_reader
+
+        options = config.eventhubs_options()
+        return EventHubsSource(load_reader(config.reader, options), options["event_hub"], config.starting_position,
+                               checkpoint_mirror(config))
+    raise ValueError(f"source.type={config.type!r}: unknown (supported: file, kafka, eventhubs-kafka, eventhubs)")
+
+
+def checkpoint_mirror(config: "SourceConfig"):
+    """A CheckpointMirror on the configured blob container, or None."""
+    if not config.checkpoint_connection_string:
+        return None
+    from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
+
+    from connector.sources.eventhubs import CheckpointMirror
+
+    options = config.eventhubs_options()
+    fqns = options["connection_string"].split("Endpoint=sb://", 1)[-1].split("/", 1)[0].split(";", 1)[0]
+    store = BlobCheckpointStore.from_connection_string(
+        config.checkpoint_connection_string.get_secret_value(), config.checkpoint_container)
+    return CheckpointMirror(store, fqns, options["event_hub"], config.consumer_group)

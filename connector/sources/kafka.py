@@ -129,8 +129,12 @@ class KafkaSource(Source):
         return out
 
     def _record(self, m) -> SourceRecord:
-        stream = stream_id(m.topic(), m.partition())
-        self._positions[stream] = m.offset() + 1
+        self._positions[stream_id(m.topic(), m.partition())] = m.offset() + 1
+        return self._to_record(m)
+
+    @staticmethod
+    def _to_record(m) -> SourceRecord:
+        """A confluent-kafka Message as a SourceRecord (the offset is also the sequence number)."""
         _, ts = m.timestamp()
         when = datetime.fromtimestamp(ts / 1000, tz=timezone.utc) if ts and ts > 0 else datetime.now(timezone.utc)
         return SourceRecord(m.topic(), m.partition(), str(m.offset()), m.offset(), when, m.key(), m.value(),
@@ -151,3 +155,20 @@ class KafkaSource(Source):
 
 
 __all__ = ["KafkaSource"]
+
+
+class GroupOffsetsMirror:
+    """Commits the consumer group's offsets (next offset to read) after each Iceberg commit."""
+
+    def __init__(self, settings: Mapping[str, str], group_id: str):
+        self.consumer = Consumer({**settings, "group.id": group_id, "enable.auto.commit": False})
+
+    def update(self, last: Mapping[str, tuple[int, str]]) -> None:
+        offsets = [TopicPartition(s.rsplit(":", 1)[0], int(s.rsplit(":", 1)[1]), seq + 1)
+                   for s, (seq, _) in sorted(last.items())]
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:  # tooling only: the Iceberg tables hold the truth
+            log.warning("could not mirror positions to consumer group: %s", e)

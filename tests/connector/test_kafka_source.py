@@ -40,7 +40,7 @@ def produce(kafka, topic: str, events: list[tuple[int, int, str | None]]) -> Non
 
 def kafka_settings(settings, kafka, topic: str, **source):
     conf = {"type": "kafka", "bootstrap_servers": kafka.bootstrap, "topics": [topic], "batch_size": 4,
-            "unavailable_timeout_seconds": 15, "group_id": f"g-{topic}"} | source
+            "unavailable_timeout_seconds": 15, "group_id": f"g-{topic}", "kafka_mode": "driver"} | source
     return settings.model_copy(update={"source": settings.source.model_validate(conf)})
 
 
@@ -50,11 +50,17 @@ def log_positions(s, table: str) -> list[tuple[int, int]]:
                   for r in t.scan(selected_fields=("partition", "sequence_number")).to_arrow().to_pylist())
 
 
-def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(settings, kafka):
+MODES = ["driver", pytest.param("spark", marks=pytest.mark.spark)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(request, settings, kafka, mode):
+    if mode == "spark":
+        request.getfixturevalue("spark")  # Spark Structured Streaming: executors read the partitions
     topic = new_topic(kafka)
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c"), (1, 2, "c"), (0, 1, "d"), (0, 1, None), (1, 2, "u")])
-    s = kafka_settings(settings, kafka, topic)
+    s = kafka_settings(settings, kafka, topic, kafka_mode=mode)
     assert run_ingest(s).accepted[table] == 5
     assert run_ingest(s).records == 0  # nothing new: the table's positions say so
     produce(kafka, topic, [(1, 3, "c")])
@@ -83,11 +89,14 @@ def test_event_hubs_kafka_endpoint_sasl_plain(settings, kafka):
     assert "wrong" not in str(e.value) and "s3cr3t" not in str(e.value) and kafka.sasl_bootstrap in str(e.value)
 
 
-def test_partitions_added_between_runs_are_read(settings, kafka):
+@pytest.mark.parametrize("mode", MODES)
+def test_partitions_added_between_runs_are_read(request, settings, kafka, mode):
+    if mode == "spark":
+        request.getfixturevalue("spark")
     topic = new_topic(kafka, 1)
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c")])
-    s = kafka_settings(settings, kafka, topic)
+    s = kafka_settings(settings, kafka, topic, kafka_mode=mode)
     run_ingest(s)
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for f in admin.create_partitions([NewPartitions(topic, 2)]).values():
@@ -97,18 +106,39 @@ def test_partitions_added_between_runs_are_read(settings, kafka):
     assert log_positions(s, table) == [(0, 0), (1, 0)]
 
 
-def test_offsets_that_no_longer_exist_are_reported(settings, kafka):
+@pytest.mark.parametrize("mode", MODES)
+def test_offsets_that_no_longer_exist_are_reported(request, settings, kafka, mode):
+    if mode == "spark":
+        request.getfixturevalue("spark")
     topic = new_topic(kafka, 1)
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
-    s = kafka_settings(settings, kafka, topic)
-    run_ingest(s, max_records=1)  # offset 0 committed, offset 1 not yet
+    s = kafka_settings(settings, kafka, topic, kafka_mode=mode)
+    run_ingest(s.model_copy(update={"source": s.source.model_copy(update={"kafka_mode": "driver"})}),
+               max_records=1)  # offset 0 committed, offset 1 not yet
     produce(kafka, topic, [(0, 3, "c")])
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for f in admin.delete_records([TopicPartition(topic, 0, 2)]).values():  # retention removed offsets 0-1
         f.result(30)
     with pytest.raises(SourceError, match=r"partition 0: offsets \[1, 2\) no longer exist"):
         run_ingest(s)
-    lenient = kafka_settings(settings, kafka, topic, fail_on_data_loss=False)
+    lenient = kafka_settings(settings, kafka, topic, fail_on_data_loss=False, kafka_mode=mode)
     run_ingest(lenient)
     assert log_positions(s, table) == [(0, 0), (0, 2)]
+
+
+def test_broker_down_fails_clearly_and_the_rerun_resumes(settings, kafka):
+    topic = new_topic(kafka, 1)
+    table = topic.rsplit(".", 1)[1]
+    produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
+    s = kafka_settings(settings, kafka, topic, unavailable_timeout_seconds=4)
+    run_ingest(s, max_records=1)
+    kafka.stop()
+    try:
+        with pytest.raises(SourceError, match=r"unreachable for 4s.*committed positions are safe") as e:
+            run_ingest(s)
+        assert kafka.bootstrap in str(e.value)
+    finally:
+        kafka.start()
+    run_ingest(s)
+    assert log_positions(s, table) == [(0, 0), (0, 1)]
