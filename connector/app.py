@@ -72,6 +72,16 @@ def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | Non
         return load_usage(settings, catalog)
 
     backpressure = settings.quotas.policy == "backpressure"
+    if settings.compaction.between_batches:
+        user_on_batch, compacted = on_batch, {}
+
+        def on_batch(stats: IngestStats) -> None:  # noqa: F811 - wraps the caller's hook
+            touched = [t for t, n in stats.accepted.items() if compacted.get(t) != n]
+            compacted.update(stats.accepted)
+            if touched:
+                run_compaction(settings, touched)
+            if user_on_batch:
+                user_on_batch(stats)
     src = settings.source
     stream = None
     if src.type == "eventhubs" and src.eventhubs_mode == "spark":

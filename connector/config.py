@@ -135,6 +135,9 @@ class CompactionConfig(_Section):
     max_compaction_lag_seconds: float | None = Field(None, gt=0.0, description="unset = infinite")
     tombstone_retention_hours: float = Field(24.0, ge=0.0)
     log_retention_hours: float = Field(24.0, gt=0.0, description="retention of the raw log (tier-checked)")
+    between_batches: bool = Field(
+        False, description="compact the tables a batch touched after every ingest batch / micro-batch "
+                           "(else compaction runs after ingest in `run`, or as its own `compact` job)")
 
 
 class TableConfig(_Section):

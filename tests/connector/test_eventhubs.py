@@ -9,13 +9,13 @@ from datetime import timezone
 
 import pytest
 
-from connector.app import run_ingest
+from connector.app import run_compaction, run_ingest, status
 from connector.config import load_settings
 from connector.errors import ConfigError
 from connector.sources.eventhubs import record_from_event
 from iceberg.catalog import load_catalog
 from tests.connector.eventhubs_fake import amqp_event
-from tests.iceberg.helpers import names
+from tests.iceberg.helpers import names, offsets_by_key
 
 HUB_CS = ("Endpoint=sb://cdclake-test.servicebus.windows.net/;SharedAccessKeyName=listen;"
           "SharedAccessKey=hub-s3cr3t;EntityPath=pg.inventory.orders")
@@ -107,3 +107,16 @@ def test_checkpoints_are_mirrored_to_blob_storage(settings, tmp_path, azurite):
     got = {c["partition_id"]: (c["sequence_number"], c["offset"]) for c in store.list_checkpoints(
         "cdclake-test.servicebus.windows.net", "pg.inventory.orders", "$Default")}
     assert got == {"0": (2, "240"), "1": (5, "4294967296")}
+
+
+@pytest.mark.spark
+def test_compaction_between_micro_batches(spark, settings, tmp_path):
+    s = eh_settings(settings, tmp_path)
+    s = s.model_copy(update={"compaction": s.compaction.model_copy(update={"between_batches": True})})
+    run_ingest(s)  # two chunks of batch_size 2, each followed by a compaction when due
+    assert offsets_by_key(s, names(s, "orders").state) == {'{"id":2}': "4294967296"}
+    # the bare tombstone (8 bytes) after the delete is below min_cleanable_dirty_ratio: still dirty
+    assert offsets_by_key(s, names(s, "orders").tombstones) == {'{"id":1}': "120"}
+    assert {r.stream: r.dirty_events for r in status(s)}["pg.inventory.orders:0"] == 1
+    run_compaction(s, ["orders"], force=True)
+    assert offsets_by_key(s, names(s, "orders").tombstones) == {'{"id":1}': "240"}
