@@ -1,0 +1,187 @@
+"""Run the benchmark: `python -m tests.bench --help`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from connector.config import load_settings
+from tests.bench import systems
+from tests.bench.generate import TOPIC, generate, live_keys
+
+console = Console()
+
+
+def jvm_peak_rss_mb(spark) -> float:
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def timed(fn, *args):
+    t = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t
+
+
+def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
+    work = root / f"n{n}-k{k}"
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / "events.jsonl"
+    n = generate(src, n, k, args.partitions, args.width)
+    expected = live_keys(src)
+    settings = load_settings(work_dir=args.lake or root / "lake", catalog={"namespace": f"bench_n{n}_k{k}"},
+                             source={"type": "file", "path": str(src), "batch_size": args.ingest_batch},
+                             spark={"driver_memory": args.driver_memory})
+    from iceberg.spark import get_spark
+
+    spark = spark_holder.setdefault("spark", get_spark(settings))
+    fig: dict = {"events": n, "keys": k, "partitions": args.partitions, "width": args.width}
+    _, fig["ours_ingest_s"] = timed(systems.ours_ingest, settings)
+    live, fig["ours_compact_s"] = timed(systems.ours_compact, settings)
+    assert live == expected, "this pipeline disagrees with the model"
+    fig["ours_s"] = fig["ours_ingest_s"] + fig["ours_compact_s"]
+    ns = settings.catalog.namespace
+    for t in ("items__log", "items", "items__tombstones"):
+        fig[f"files_{t}"], fig[f"bytes_{t}"] = systems.table_files(settings, f"{ns}.{t}")
+
+    batches = systems.split_files(src, work / "batches", args.batch)
+    live, fig["naive_merge_s"] = timed(systems.naive_spark_merge, spark, settings, batches, work / "chk")
+    assert live == expected, "naive MERGE disagrees with the model"
+    fig["files_naive"], fig["bytes_naive"] = systems.table_files(settings, f"{ns}.naive_items")
+
+    if n <= args.upsert_max:
+        live, fig["pyiceberg_upsert_s"] = timed(systems.pyiceberg_upsert, settings, src, args.batch)
+        assert live == expected, "pyiceberg upsert disagrees with the model"
+    parquet = systems.to_parquet(src, work / "events.parquet")
+    live, fig["duckdb_floor_s"] = timed(systems.duckdb_floor, parquet)
+    assert live == expected, "DuckDB disagrees with the model"
+
+    if args.incremental:  # compaction grows with dirty bytes, not with the clean table
+        more = max(n // 100, 1000)
+        extra = work / "more.jsonl"
+        generate(extra, more, k * 10, args.partitions, args.width, seed=2)
+        with src.open("a") as f:  # same topic, offsets continue per partition
+            last = {}
+            for line in src.open():
+                r = json.loads(line)
+                last[r["partition"]] = r["offset"]
+            for line in extra.open():
+                r = json.loads(line)
+                last[r["partition"]] += 1
+                r["offset"], r["topic"] = last[r["partition"]], TOPIC
+                f.write(json.dumps(r) + "\n")
+        systems.ours_ingest(settings)
+        _, fig["ours_incremental_compact_s"] = timed(systems.ours_compact, settings)
+        fig["incremental_events"] = more
+
+    fig["python_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    fig["jvm_peak_rss_mb"] = jvm_peak_rss_mb(spark)
+    fig["events_per_s"] = n / fig["ours_s"]
+    fig["compaction_events_per_s"] = n / fig["ours_compact_s"]
+    return fig
+
+
+def report(figs: list[dict]) -> None:
+    t = Table("N", "K", "ours s", "ingest s", "compact s", "events/s", "naive MERGE s", "pyiceberg upsert s",
+              "DuckDB floor s", "naive/ours", "upsert/ours", "compact/DuckDB", "JVM peak MB", "Python peak MB",
+              title="end to end on one generated stream (same live rows checked)")
+    for f in figs:
+        up = f.get("pyiceberg_upsert_s")
+        t.add_row(f"{f['events']:,}", f"{f['keys']:,}", f"{f['ours_s']:.1f}", f"{f['ours_ingest_s']:.1f}",
+                  f"{f['ours_compact_s']:.1f}", f"{f['events_per_s']:,.0f}", f"{f['naive_merge_s']:.1f}",
+                  f"{up:.1f}" if up else "skipped", f"{f['duckdb_floor_s']:.2f}",
+                  f"{f['naive_merge_s'] / f['ours_s']:.2f}", f"{up / f['ours_s']:.2f}" if up else "-",
+                  f"{f['ours_compact_s'] / f['duckdb_floor_s']:.1f}", f"{f['jvm_peak_rss_mb']:.0f}",
+                  f"{f['python_peak_rss_mb']:.0f}")
+    console.print(t)
+    files = Table("N", "K", "log files/MB", "state files/MB", "tombstone files/MB", "naive files/MB",
+                  "incremental compact s (events)", title="files and bytes per table after the run")
+    for f in figs:
+        mb = lambda name: f"{f[f'files_{name}']} / {f[f'bytes_{name}'] / 2**20:.1f}"  # noqa: E731
+        inc = f.get("ours_incremental_compact_s")
+        files.add_row(f"{f['events']:,}", f"{f['keys']:,}", mb("items__log"), mb("items"), mb("items__tombstones"),
+                      mb("naive"), f"{inc:.1f} ({f['incremental_events']:,})" if inc else "-")
+    console.print(files)
+    for f in figs:
+        checks = [("naive MERGE per micro-batch >= 2x slower", f["naive_merge_s"] / f["ours_s"] >= 2)]
+        if f.get("pyiceberg_upsert_s"):
+            checks.append(("pyiceberg upsert >= 20x slower", f["pyiceberg_upsert_s"] / f["ours_s"] >= 20))
+        checks.append(("compaction within 4x of the DuckDB floor", f["ours_compact_s"] <= 4 * f["duckdb_floor_s"]))
+        if f["events"] >= 10_000_000 and f["keys"] >= 1_000_000:
+            checks.append(("10M events / 1M keys end to end < 120 s", f["ours_s"] < 120))
+        for name, ok in checks:
+            console.print(f"N={f['events']:,} K={f['keys']:,}: target {name}: "
+                          + ("[green]holds[/green]" if ok else "[red]missed[/red]"))
+
+
+def chart(figs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len({f["keys"] for f in figs}), figsize=(11, 4), squeeze=False)
+    for ax, k in zip(axes[0], sorted({f["keys"] for f in figs})):
+        rows = sorted((f for f in figs if f["keys"] == k), key=lambda f: f["events"])
+        for key, label in (("ours_s", "this pipeline"), ("naive_merge_s", "naive MERGE per micro-batch"),
+                           ("pyiceberg_upsert_s", "pyiceberg upsert"), ("duckdb_floor_s", "DuckDB floor (dedupe)")):
+            pts = [(f["events"], f[key]) for f in rows if f.get(key)]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ax.set_title(f"K = {k:,} keys")
+        ax.set_xlabel("events")
+        ax.set_ylabel("seconds")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--width", type=int, default=100, help="payload padding in bytes")
+    ap.add_argument("--batch", type=int, default=100_000, help="micro-batch size of the baselines")
+    ap.add_argument("--ingest-batch", type=int, default=200_000, help="records per ingest commit of this pipeline")
+    ap.add_argument("--upsert-max", type=int, default=1_000_000, help="skip pyiceberg upsert above this N")
+    ap.add_argument("--scaling", action="store_true", help="N = 1M, 5M (and 10M with --big) x K = 10k, 1M")
+    ap.add_argument("--big", action="store_true", help="include the 10M runs")
+    ap.add_argument("--incremental", action="store_true", help="then compact 1%% new events into the result")
+    ap.add_argument("--driver-memory", default="4g")
+    ap.add_argument("--out", type=Path, default=Path("bench-results"))
+    ap.add_argument("--lake", type=Path, help="work dir of the catalog (default <out>/lake)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
+    root = args.out.resolve()
+    grid = [(args.events, args.keys)]
+    if args.scaling:
+        grid = [(n, k) for k in (10_000, 1_000_000) for n in (1_000_000, 5_000_000, 10_000_000)
+                if n < 10_000_000 or args.big]
+    holder: dict = {}
+    figs = []
+    for n, k in grid:
+        console.rule(f"N = {n:,}, K = {k:,}")
+        figs.append(run_once(root, n, k, args, holder))
+        (root / "results.json").write_text(json.dumps(figs, indent=1))
+    report(figs)
+    if len(figs) > 1:
+        chart(figs, root / "scaling.png")
+        console.print(f"chart: {root / 'scaling.png'}")
+    console.print(f"figures: {root / 'results.json'}")
+    return figs
+
+
+if __name__ == "__main__":
+    main()

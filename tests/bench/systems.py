@@ -1,0 +1,139 @@
+"""The systems under comparison. Each takes the same generated stream and returns the set of
+live keys it ends with, so the comparison is fair; the harness times them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from itertools import islice
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+
+from connector.app import run_compaction, run_ingest
+from connector.config import Settings
+from iceberg.catalog import load_catalog
+
+PAYLOAD = "struct<op:string, after:struct<id:bigint, v:bigint, pad:string>, source:struct<lsn:bigint>>"
+
+
+def table_files(settings: Settings, name: str) -> tuple[int, int]:
+    """(data + delete files, bytes) of the current snapshot."""
+    t = load_catalog(settings).load_table(name)
+    snap = t.current_snapshot()
+    if snap is None:
+        return 0, 0
+    p = snap.summary.additional_properties
+    return int(p.get("total-data-files", 0)) + int(p.get("total-delete-files", 0)), int(p.get("total-files-size", 0))
+
+
+def ours_ingest(settings: Settings) -> None:
+    run_ingest(settings)
+
+
+def ours_compact(settings: Settings) -> set[str]:
+    run_compaction(settings, ["items"], force=True)
+    t = load_catalog(settings).load_table(f"{settings.catalog.namespace}.items")
+    return set(t.scan(selected_fields=("_key",)).to_arrow()["_key"].to_pylist())
+
+
+def split_files(src: Path, out: Path, batch: int) -> Path:
+    """The stream as one JSON-lines file per micro-batch (input preparation, not timed)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with src.open() as f:
+        i = 0
+        while chunk := list(islice(f, batch)):
+            (out / f"part-{i:06d}.json").write_text("".join(chunk))
+            i += 1
+    return out
+
+
+def naive_spark_merge(spark, settings: Settings, batches_dir: Path, checkpoint: Path) -> set[str]:
+    """What most users write first: Structured Streaming, foreachBatch, dedupe the batch, MERGE INTO."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    target = f"{settings.catalog.namespace}.naive_items"
+    spark.sql(f"DROP TABLE IF EXISTS {target}")
+    spark.sql(f"CREATE TABLE {target} (k string, id bigint, v bigint, pad string, lsn bigint) USING iceberg")
+
+    def merge(df, _batch_id):
+        parsed = df.select(F.col("key").alias("k"), "partition", "offset",
+                           F.from_json("payload", PAYLOAD).alias("p"))
+        rows = parsed.select("k", "partition", "offset", F.coalesce(F.col("p.op"), F.lit("d")).alias("op"),
+                             "p.after.id", "p.after.v", "p.after.pad", F.col("p.source.lsn").alias("lsn"))
+        latest = rows.withColumn("rn", F.row_number().over(
+            Window.partitionBy("k").orderBy(F.col("partition").desc(), F.col("offset").desc()))).where("rn = 1")
+        latest.createOrReplaceTempView("naive_batch")
+        df.sparkSession.sql(
+            f"MERGE INTO {target} t USING naive_batch s ON t.k = s.k "
+            "WHEN MATCHED AND s.op = 'd' THEN DELETE "
+            "WHEN MATCHED THEN UPDATE SET t.id = s.id, t.v = s.v, t.pad = s.pad, t.lsn = s.lsn "
+            "WHEN NOT MATCHED AND s.op != 'd' THEN INSERT (k, id, v, pad, lsn) VALUES (s.k, s.id, s.v, s.pad, s.lsn)")
+
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    query = (spark.readStream.schema("topic string, partition int, offset bigint, ts bigint, key string, "
+                                     "payload string")
+             .option("maxFilesPerTrigger", 1).json(str(batches_dir))
+             .writeStream.foreachBatch(merge).trigger(availableNow=True)
+             .option("checkpointLocation", str(checkpoint)).start())
+    query.awaitTermination()
+    return {r[0] for r in spark.table(target).select("k").collect()}
+
+
+def pyiceberg_upsert(settings: Settings, src: Path, batch: int) -> set[str]:
+    """What a Python user reaches for: `table.upsert` per batch (plus `delete` for deletes)."""
+    from pyiceberg.expressions import In
+
+    catalog = load_catalog(settings)
+    name = f"{settings.catalog.namespace}.upsert_items"
+    if catalog.table_exists(name):
+        catalog.drop_table(name)
+    schema = pa.schema([pa.field("k", pa.string(), nullable=False), pa.field("id", pa.int64()),
+                        pa.field("v", pa.int64()), pa.field("pad", pa.string()), pa.field("lsn", pa.int64())])
+    table = catalog.create_table(name, schema=schema)
+
+    with table.update_schema() as u:
+        u.set_identifier_fields("k")
+    with src.open() as f:
+        while chunk := list(islice(f, batch)):
+            latest: dict[str, dict | None] = {}
+            for line in chunk:  # a batch may not hold a key twice for upsert
+                r = orjson.loads(line)
+                doc = orjson.loads(r["payload"]) if r["payload"] else None
+                latest[r["key"]] = None if doc is None or doc["op"] == "d" else {
+                    "k": r["key"], **doc["after"], "lsn": doc["source"]["lsn"]}
+            live = [v for v in latest.values() if v is not None]
+            gone = [k for k, v in latest.items() if v is None]
+            if live:
+                table.upsert(pa.Table.from_pylist(live, schema=schema), join_cols=["k"])
+            if gone:
+                table.delete(In("k", gone))
+    return set(catalog.load_table(name).scan(selected_fields=("k",)).to_arrow()["k"].to_pylist())
+
+
+def to_parquet(src: Path, dst: Path) -> Path:
+    """The stream's (key, partition, offset, op) in Parquet (input preparation, not timed)."""
+    import pyarrow.parquet as pq
+
+    cols: dict[str, list] = {"k": [], "p": [], "off": [], "op": []}
+    with src.open() as f:
+        for line in f:
+            r = orjson.loads(line)
+            cols["k"].append(r["key"])
+            cols["p"].append(r["partition"])
+            cols["off"].append(r["offset"])
+            cols["op"].append("d" if r["payload"] is None else json.loads(r["payload"])["op"])
+    pq.write_table(pa.table(cols), dst)
+    return dst
+
+
+def duckdb_floor(parquet: Path) -> set[str]:
+    """The floor for the dedupe step: DuckDB latest-per-key over events already in Parquet."""
+    import duckdb
+
+    rows = duckdb.sql(f"SELECT k FROM (SELECT k, arg_max(op, off) AS op FROM read_parquet('{parquet}') "
+                      "GROUP BY k) WHERE op != 'd'").fetchall()
+    return {r[0] for r in rows}
