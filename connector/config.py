@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +36,20 @@ class CatalogConfig(_Section):
 EVENTHUBS_KAFKA_PORT = 9093
 
 
+def starting_text(start: "str | int | datetime") -> str:
+    """A starting position as text (for Spark data source options): name, number or ISO time."""
+    return start.isoformat() if isinstance(start, datetime) else str(start)
+
+
+def starting_value(text: str) -> "str | int | datetime":
+    if text in ("earliest", "latest"):
+        return text
+    if text.lstrip("-").isdigit():
+        return int(text)
+    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
 class SourceConfig(_Section):
     type: Literal["file", "kafka", "eventhubs-kafka", "eventhubs"] = "file"
     batch_size: int = Field(50_000, gt=0, description="records per ingest commit")
@@ -51,8 +66,9 @@ class SourceConfig(_Section):
     sasl_password: SecretStr | None = None
     namespace: str | None = Field(None, description="Event Hubs namespace (eventhubs-kafka)")
     connection_string: SecretStr | None = Field(None, description="Event Hubs connection string (eventhubs-kafka)")
-    starting_position: Literal["earliest", "latest"] = Field(
-        "earliest", description="where a partition with no committed position starts")
+    starting_position: Literal["earliest", "latest"] | int | datetime = Field(
+        "earliest", description="where a partition with no committed position starts: earliest, latest, a "
+                                "sequence number / offset, or an enqueued time (ISO 8601)")
     fail_on_data_loss: bool = Field(
         True, description="stop when committed offsets no longer exist in the source (retention, compaction)")
     unavailable_timeout_seconds: float = Field(60.0, gt=0, description="broker unreachable this long: fail")
@@ -96,12 +112,13 @@ class SourceConfig(_Section):
         cs = self.connection_string.get_secret_value() if self.connection_string else ""
         hub = self.event_hub or cs.split("EntityPath=", 1)[-1].split(";", 1)[0]
         return {"event_hub": hub, "connection_string": cs, "consumer_group": self.consumer_group,
-                "reader": self.reader, **self.reader_options}
+                "reader": self.reader, "starting_position": starting_text(self.starting_position),
+                **self.reader_options}
 
     def kafka_stream_options(self) -> dict[str, str]:
         """Options of the Kafka streaming data source (hold the secret)."""
         return {"kafka_settings": json.dumps(self.kafka_settings()), "topics": json.dumps(self.topics),
-                "starting_position": self.starting_position, "fail_on_data_loss": str(self.fail_on_data_loss).lower(),
+                "starting_position": starting_text(self.starting_position), "fail_on_data_loss": str(self.fail_on_data_loss).lower(),
                 "unavailable_timeout_seconds": str(self.unavailable_timeout_seconds)}
 
     def kafka_settings(self) -> dict[str, str]:

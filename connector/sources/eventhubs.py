@@ -20,6 +20,7 @@ import threading
 from datetime import datetime, timezone
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
+from connector.config import starting_value
 from connector.errors import SourceError
 from connector.records import SourceRecord, stream_id
 from connector.sources import Source
@@ -35,6 +36,20 @@ class PartitionReader(Protocol):
 
     def read(self, partition_id: str, from_sequence_number: int, max_events: int) -> Sequence[Any]:
         """Up to `max_events` EventData from `from_sequence_number` (inclusive), in order."""
+
+    def sequence_number_at(self, partition_id: str, when: datetime) -> int:
+        """The sequence number of the first event enqueued at or after `when` (else the end)."""
+
+
+def initial_sequence_number(reader: PartitionReader, pid: str, starting: "str | int | datetime", end: int) -> int:
+    """Where a partition with no committed position starts."""
+    if starting == "earliest":
+        return 0  # the reader starts at the first event still retained
+    if starting == "latest":
+        return end
+    if isinstance(starting, int):
+        return min(max(starting, 0), end)
+    return reader.sequence_number_at(pid, starting)
 
 
 def _bytes(v: Any) -> bytes | None:
@@ -79,7 +94,14 @@ class SdkPartitionReader:
         props = self._meta.get_partition_properties(partition_id)
         return -1 if props["is_empty"] else int(props["last_enqueued_sequence_number"]) + 1
 
+    def sequence_number_at(self, partition_id: str, when: datetime) -> int:
+        events = self._receive(partition_id, when, 1)
+        return int(events[0].sequence_number) if events else self.end_sequence_number(partition_id)
+
     def read(self, partition_id: str, from_sequence_number: int, max_events: int) -> Sequence[Any]:
+        return self._receive(partition_id, from_sequence_number, max_events)
+
+    def _receive(self, partition_id: str, start: "int | datetime", max_events: int) -> Sequence[Any]:
         client, got, done = self._client(), [], threading.Event()
 
         def on_batch(_ctx, events):
@@ -87,7 +109,7 @@ class SdkPartitionReader:
             done.set()
 
         worker = threading.Thread(target=client.receive_batch, kwargs=dict(
-            on_event_batch=on_batch, partition_id=partition_id, starting_position=from_sequence_number,
+            on_event_batch=on_batch, partition_id=partition_id, starting_position=start,
             starting_position_inclusive=True, max_batch_size=max_events, max_wait_time=5), daemon=True)
         worker.start()
         done.wait(60)
@@ -110,7 +132,7 @@ def sdk_reader(options: Mapping[str, str]) -> PartitionReader:
 class EventHubsSource(Source):
     """Reads every partition from the committed position up to the end seen at seek time."""
 
-    def __init__(self, reader: PartitionReader, event_hub: str, starting_position: str = "earliest",
+    def __init__(self, reader: PartitionReader, event_hub: str, starting_position: "str | int | datetime" = "earliest",
                  checkpoints: "CheckpointMirror | None" = None, read_size: int = 1000):
         self.reader, self.event_hub, self.starting = reader, event_hub, starting_position
         self.checkpoints, self.read_size = checkpoints, read_size
@@ -124,7 +146,8 @@ class EventHubsSource(Source):
             stream = stream_id(self.event_hub, int(pid))
             end = self.reader.end_sequence_number(pid)
             self._end[pid] = max(end, 0)
-            self._next[pid] = positions.get(stream, 0 if self.starting == "earliest" else self._end[pid])
+            self._next[pid] = positions.get(stream) if stream in positions else initial_sequence_number(
+                self.reader, pid, self.starting, self._end[pid])
 
     def poll(self, max_records: int) -> list[SourceRecord]:
         out: list[SourceRecord] = []
@@ -188,8 +211,13 @@ class EventHubsStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self.positions = json.loads(self.options.get("positions", "{}"))
 
     def initialOffset(self) -> dict:
-        return {pid: int(self.positions.get(stream_id(self.event_hub, int(pid)), 0))
-                for pid in self.reader.partition_ids()}
+        starting = starting_value(self.options.get("starting_position", "earliest"))
+        out = {}
+        for pid in self.reader.partition_ids():
+            stream = stream_id(self.event_hub, int(pid))
+            out[pid] = int(self.positions[stream]) if stream in self.positions else initial_sequence_number(
+                self.reader, pid, starting, max(self.reader.end_sequence_number(pid), 0))
+        return out
 
     def latestOffset(self) -> dict:
         return {pid: max(self.reader.end_sequence_number(pid), 0) for pid in self.reader.partition_ids()}

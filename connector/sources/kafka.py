@@ -28,7 +28,7 @@ _UNAVAILABLE = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError.
 
 class KafkaSource(Source):
     def __init__(self, settings: Mapping[str, str], topics: list[str], group_id: str,
-                 starting_position: str = "earliest", fail_on_data_loss: bool = True,
+                 starting_position: "str | int | datetime" = "earliest", fail_on_data_loss: bool = True,
                  unavailable_timeout: float = 60.0):
         self.where = settings.get("bootstrap.servers", "?")
         self.topics, self.starting = list(topics), starting_position
@@ -72,7 +72,7 @@ class KafkaSource(Source):
         stream = stream_id(topic, partition)
         self._end[stream] = high
         if stream not in self._positions:
-            return low if self.starting == "earliest" else high
+            return self._initial(topic, partition, low, high)
         start = self._positions[stream]
         if start < low:
             msg = (f"topic {topic!r} partition {partition}: offsets [{start}, {low}) no longer exist in the source "
@@ -83,6 +83,9 @@ class KafkaSource(Source):
             log.error("%s; continuing from %s (fail_on_data_loss = false)", msg, low)
             return low
         return start
+
+    def _initial(self, topic: str, partition: int, low: int, high: int) -> int:
+        return initial_offset(self.consumer, topic, partition, low, high, self.starting, self.unavailable_timeout)
 
     def _assign(self, parts: set[tuple[str, int]]) -> None:
         new = sorted(parts - self._assigned)
@@ -172,3 +175,17 @@ class GroupOffsetsMirror:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as e:  # tooling only: the Iceberg tables hold the truth
             log.warning("could not mirror positions to consumer group: %s", e)
+
+
+def initial_offset(consumer: Consumer, topic: str, partition: int, low: int, high: int,
+                   starting: "str | int | datetime", timeout: float) -> int:
+    """Where a partition with no committed position starts (offsets clamped to [low, high])."""
+    if starting == "earliest":
+        return low
+    if starting == "latest":
+        return high
+    if isinstance(starting, int):
+        return min(max(starting, low), high)
+    found = consumer.offsets_for_times([TopicPartition(topic, partition, int(starting.timestamp() * 1000))],
+                                       timeout=timeout)[0].offset
+    return high if found < 0 else found

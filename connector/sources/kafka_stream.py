@@ -10,8 +10,10 @@ from typing import Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from connector.config import starting_value
 from connector.errors import SourceError
 from connector.records import stream_id
+from connector.sources.kafka import KafkaSource, initial_offset
 from connector.sources.spark_stream import EVENT_SCHEMA, DataSource, DataSourceStreamReader, InputPartition, row_of
 
 log = logging.getLogger(__name__)
@@ -27,7 +29,7 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self.settings = json.loads(options["kafka_settings"])
         self.topics = json.loads(options["topics"])
         self.positions = json.loads(options.get("positions", "{}"))
-        self.starting = options.get("starting_position", "earliest")
+        self.starting = starting_value(options.get("starting_position", "earliest"))
         self.fail_on_data_loss = options.get("fail_on_data_loss", "true") == "true"
         self.timeout = float(options.get("unavailable_timeout_seconds", "60"))
         self._consumer: Consumer | None = None
@@ -57,7 +59,8 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         for stream, (low, high) in self._watermarks().items():
             start = self.positions.get(stream)
             if start is None:
-                start = low if self.starting == "earliest" else high
+                topic, part = stream.rsplit(":", 1)
+                start = initial_offset(self._client(), topic, int(part), low, high, self.starting, self.timeout)
             elif start < low:
                 topic, part = stream.rsplit(":", 1)
                 msg = (f"topic {topic!r} partition {part}: offsets [{start}, {low}) no longer exist in the source "
@@ -82,7 +85,6 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         return parts
 
     def read(self, partition: KafkaPartition) -> Iterator[tuple]:
-        from connector.sources.kafka import KafkaSource
 
         c = Consumer({**self.settings, "group.id": "cdclake-reader", "enable.auto.commit": False,
                       "enable.partition.eof": True})

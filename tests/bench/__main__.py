@@ -69,7 +69,7 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
     if args.incremental:  # compaction grows with dirty bytes, not with the clean table
         more = max(n // 100, 1000)
         extra = work / "more.jsonl"
-        generate(extra, more, k * 10, args.partitions, args.width, seed=2)
+        generate(extra, more, k * 10, args.partitions, args.width, seed=2, lsn0=10 * n)  # newer positions
         with src.open("a") as f:  # same topic, offsets continue per partition
             last = {}
             for line in src.open():

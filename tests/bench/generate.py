@@ -11,14 +11,15 @@ from pathlib import Path
 TOPIC = "bench.public.items"
 
 
-def generate(path: Path, events: int, keys: int, partitions: int = 4, width: int = 100, seed: int = 1) -> int:
+def generate(path: Path, events: int, keys: int, partitions: int = 4, width: int = 100, seed: int = 1,
+             lsn0: int = 1000) -> int:
     rng = random.Random(seed)
     alive: set[int] = set()
     offsets = [0] * partitions
     pad = "x" * width
     written = 0
     with path.open("w") as f:
-        lsn = 1000
+        lsn = lsn0
         while written < events:
             k = rng.randrange(keys)
             p = k % partitions

@@ -47,5 +47,10 @@ class FakeHub:
         return [amqp_event(s, o, ms, k, None if b is None else b.encode()) for s, o, ms, k, b in rows]
 
 
+    def sequence_number_at(self, pid: str, when) -> int:
+        ms = when.timestamp() * 1000
+        return next((e[0] for e in self.data[pid] if e[2] >= ms), self.end_sequence_number(pid))
+
+
 def reader(options: Mapping[str, str]) -> FakeHub:
     return FakeHub(options)

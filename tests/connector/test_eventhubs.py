@@ -120,3 +120,15 @@ def test_compaction_between_micro_batches(spark, settings, tmp_path):
     assert {r.stream: r.dirty_events for r in status(s)}["pg.inventory.orders:0"] == 1
     run_compaction(s, ["orders"], force=True)
     assert offsets_by_key(s, names(s, "orders").tombstones) == {'{"id":1}': "240"}
+
+
+@pytest.mark.parametrize("start,expected", [
+    ("latest", []),
+    (1, [(0, 1), (0, 2), (1, 5)]),  # a sequence number; partition 1 begins at 5
+    ("2023-11-14T22:13:20.100Z", [(0, 1), (0, 2)]),  # an enqueued time
+])
+def test_starting_positions_for_partitions_without_a_committed_position(settings, tmp_path, start, expected):
+    s = eh_settings(settings, tmp_path, eventhubs_mode="driver", starting_position=start)
+    run_ingest(s)
+    rows = log_rows(s) if load_catalog(s).table_exists(names(s, "orders").log) else []
+    assert [(p, seq) for p, seq, *_ in rows] == expected

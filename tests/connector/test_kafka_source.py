@@ -142,3 +142,14 @@ def test_broker_down_fails_clearly_and_the_rerun_resumes(settings, kafka):
         kafka.start()
     run_ingest(s)
     assert log_positions(s, table) == [(0, 0), (0, 1)]
+
+
+@pytest.mark.parametrize("start,expected", [(1, [(0, 1), (0, 2)]), ("latest", [])])
+def test_starting_position_for_new_partitions(settings, kafka, start, expected):
+    topic = new_topic(kafka, 1)
+    table = topic.rsplit(".", 1)[1]
+    produce(kafka, topic, [(0, 1, "c"), (0, 2, "c"), (0, 3, "c")])
+    s = kafka_settings(settings, kafka, topic, starting_position=start)
+    run_ingest(s)
+    exists = load_catalog(s).table_exists(names(s, table).log)
+    assert (log_positions(s, table) if exists else []) == expected
