@@ -139,6 +139,8 @@ def _after_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
 
 def _reject_avro_json(payload: Mapping[str, Any]) -> None:
     source = payload.get("source") or {}
+    if type(payload.get("ts_ms")) is not dict and not any(type(v) is dict for v in source.values()):
+        return
     wrapped = [k for k, v in source.items() if isinstance(v, dict)]
     if isinstance(payload.get("ts_ms"), dict):
         wrapped.append("ts_ms")

@@ -46,10 +46,6 @@ class IngestStats:
     positions: dict[str, int] = field(default_factory=dict)
 
 
-def _payload_bytes(r: SourceRecord) -> int:
-    return len(r.key or b"") + len(r.value or b"")
-
-
 def _headers(r: SourceRecord) -> str | None:
     if not r.headers:
         return None
@@ -74,7 +70,7 @@ def log_rows(events: list[ChangeEvent], now: datetime) -> pa.Table:
         "after_types": [orjson.dumps(e.after_types, option=orjson.OPT_SORT_KEYS).decode() if e.after_types else None
                         for e in events],
         "value": [r.value for r in recs],
-        "payload_bytes": [_payload_bytes(r) for r in recs],
+        "payload_bytes": [r.nbytes for r in recs],
         "headers": [_headers(r) for r in recs],
         "ingested_at": [now] * len(recs),
     }, schema=LOG_SCHEMA)
@@ -212,7 +208,7 @@ def _ingest_batch(batch: list[SourceRecord], sinks: Sinks, decoder: Decoder, sta
     for record in batch:
         out = decoder.decode(record)
         if gate is not None and isinstance(out, ChangeEvent):
-            too_large = gate.oversize(out.table, _payload_bytes(record))
+            too_large = gate.oversize(out.table, record.nbytes)
             if too_large:
                 out = DeadLetter(record, out.table, "size", too_large)
         if isinstance(out, DeadLetter):
@@ -240,7 +236,7 @@ def _ingest_batch(batch: list[SourceRecord], sinks: Sinks, decoder: Decoder, sta
                 incoming: dict[str, tuple[int, int]] = {}
                 for e in fresh:
                     n, first = incoming.get(e.record.stream, (0, e.record.sequence_number))
-                    incoming[e.record.stream] = (n + _payload_bytes(e.record), min(first, e.record.sequence_number))
+                    incoming[e.record.stream] = (n + e.record.nbytes, min(first, e.record.sequence_number))
                 new = gate.admit(table, incoming)
                 for r in new:
                     REFUSALS.labels(table, r.stream).inc()
@@ -253,7 +249,7 @@ def _ingest_batch(batch: list[SourceRecord], sinks: Sinks, decoder: Decoder, sta
                 EVENTS.labels(table).inc(len(fresh))
                 committed: dict[str, int] = defaultdict(int)
                 for e in fresh:
-                    committed[e.record.stream] += _payload_bytes(e.record)
+                    committed[e.record.stream] += e.record.nbytes
                 for stream, nbytes in committed.items():
                     if gate is not None:
                         gate.record(table, stream, nbytes)

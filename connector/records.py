@@ -24,11 +24,12 @@ class SourceRecord:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...] = ()
+    stream: str = field(init=False, compare=False)  # `topic:partition`, the partition's identity
+    nbytes: int = field(init=False, compare=False)  # key + value bytes, what quotas count
 
-    @property
-    def stream(self) -> str:
-        """The identity of the partition this record came from: `topic:partition`."""
-        return stream_id(self.topic, self.partition)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stream", stream_id(self.topic, self.partition))
+        object.__setattr__(self, "nbytes", len(self.key or b"") + len(self.value or b""))
 
     def where(self) -> str:
         return f"topic {self.topic!r} partition {self.partition} offset {self.offset}"

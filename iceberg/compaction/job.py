@@ -119,7 +119,9 @@ def compact(
     started = time.monotonic()
     report = CompactionReport(names.table)
     # 1. plan
-    report.ranges = plan(stream_stats(catalog, names, policy, now), policy, now, force)
+    stats = {s.stream: s for s in stream_stats(catalog, names, policy, now)}
+    report.ranges = plan(list(stats.values()), policy, now, force)
+    report.events = sum(stats[r.stream].cleanable_events for r in report.ranges)
     schema.ensure_tables(spark, names)
     tomb_t = names.spark(names.tombstones)
     if report.ranges:
@@ -154,9 +156,8 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     counts = changes.groupBy().agg(
         F.count(F.lit(1)).alias("n"), F.sum((F.col("_action") == "upsert").cast("int")).alias("up"),
     ).first()
-    report.keys = winners.count()
-    report.stale = winners.agg(F.sum("_stale")).first()[0] or 0
-    report.events = events.count()
+    keys = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
+    report.keys, report.stale = keys["n"], keys["stale"] or 0
     report.upserts, report.deletes = counts["up"] or 0, (counts["n"] or 0) - (counts["up"] or 0)
     if report.stale:
         for r in ranked.where("_stale").orderBy("_partition_id", "_sequence_number").limit(10).collect():

@@ -34,6 +34,7 @@ class StreamStats:
     cleanable_end: int  # exclusive end of the cleanable range
     first_dirty_time: datetime | None
     dirty_events: int = 0
+    cleanable_events: int = 0
 
     @property
     def dirty_ratio(self) -> float:

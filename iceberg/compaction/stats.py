@@ -84,5 +84,6 @@ def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, 
             cleanable_end=end,
             first_dirty_time=pc.min(mine["enqueued_time"]).as_py() if mine.num_rows else None,
             dirty_events=mine.num_rows,
+            cleanable_events=cleanable.num_rows,
         ))
     return out
