@@ -22,8 +22,25 @@ from connector.sources import Source
 
 log = logging.getLogger(__name__)
 METADATA_REFRESH_SECONDS = 10.0
-_UNAVAILABLE = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._AUTHENTICATION,
-                KafkaError.SASL_AUTHENTICATION_FAILED}
+
+
+def retrying(call, timeout: float, what: str):
+    """`call()`, retried with backoff while Kafka answers with a retriable error (a restarted
+    broker has no partition leaders for a moment); a clear SourceError after `timeout`."""
+    deadline, delay = time.monotonic() + timeout, 0.2
+    while True:
+        try:
+            return call()
+        except KafkaException as e:
+            err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+            retriable = err is not None and (err.retriable() or err.code() in (
+                KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TRANSPORT,
+                KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN))
+            if not retriable or time.monotonic() + delay > deadline:
+                raise SourceError(f"{what} failed for {timeout:g}s: {err.str() if err else e}; the committed "
+                                  "positions are safe: fix the broker or the settings, then rerun") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 class KafkaSource(Source):
@@ -67,8 +84,9 @@ class KafkaSource(Source):
                 "positions are safe: start the broker or fix source.bootstrap_servers / credentials, then rerun")
 
     def _start(self, topic: str, partition: int) -> int:
-        low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                        timeout=self.unavailable_timeout)
+        low, high = retrying(lambda: self.consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=self.unavailable_timeout),
+            self.unavailable_timeout, f"Kafka at {self.where}: offsets of {topic}:{partition}")
         stream = stream_id(topic, partition)
         self._end[stream] = high
         if stream not in self._positions:
@@ -175,6 +193,9 @@ class GroupOffsetsMirror:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as e:  # tooling only: the Iceberg tables hold the truth
             log.warning("could not mirror positions to consumer group: %s", e)
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def initial_offset(consumer: Consumer, topic: str, partition: int, low: int, high: int,

@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from connector.config import starting_value
 from connector.errors import SourceError
 from connector.records import stream_id
-from connector.sources.kafka import KafkaSource, initial_offset
+from connector.sources.kafka import KafkaSource, initial_offset, retrying
 from connector.sources.spark_stream import EVENT_SCHEMA, DataSource, DataSourceStreamReader, InputPartition, row_of
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,9 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
             if t is None or t.error is not None:
                 raise SourceError(f"topic {topic!r} does not exist; create it or fix source.topics")
             for p in t.partitions:
-                out[stream_id(topic, p)] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=self.timeout)
+                out[stream_id(topic, p)] = retrying(
+                    lambda tp=TopicPartition(topic, p): c.get_watermark_offsets(tp, timeout=self.timeout),
+                    self.timeout, f"Kafka at {self.settings.get('bootstrap.servers')}: offsets of {topic}:{p}")
         return out
 
     def initialOffset(self) -> dict:
@@ -111,6 +113,11 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the Iceberg log table's snapshot summary is the checkpoint."""
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
 
 class KafkaDataSource(DataSource):  # type: ignore[misc]
