@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping
 import orjson
 
 from connector.errors import SourceError
-from connector.records import SourceRecord, stream_id
+from connector.records import SourceRecord
 from connector.sources import Source
 
 
@@ -102,4 +102,4 @@ class FileSource(Source):
         return out
 
 
-__all__ = ["FileSource", "parse_line", "stream_id"]
+__all__ = ["FileSource", "parse_line"]

@@ -50,13 +50,15 @@ def log_positions(s, table: str) -> list[tuple[int, int]]:
                   for r in t.scan(selected_fields=("partition", "sequence_number")).to_arrow().to_pylist())
 
 
-MODES = ["driver", pytest.param("spark", marks=pytest.mark.spark)]
+@pytest.fixture(params=["driver", pytest.param("spark", marks=pytest.mark.spark)])
+def mode(request) -> str:
+    """kafka_mode: one consumer on the driver, or Spark Structured Streaming on the shared session."""
+    if request.param == "spark":
+        request.getfixturevalue("spark")
+    return request.param
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(request, settings, kafka, mode):
-    if mode == "spark":
-        request.getfixturevalue("spark")  # Spark Structured Streaming: executors read the partitions
+def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(settings, kafka, mode):
     topic = new_topic(kafka)
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c"), (1, 2, "c"), (0, 1, "d"), (0, 1, None), (1, 2, "u")])
@@ -89,10 +91,7 @@ def test_event_hubs_kafka_endpoint_sasl_plain(settings, kafka):
     assert "wrong" not in str(e.value) and "s3cr3t" not in str(e.value) and kafka.sasl_bootstrap in str(e.value)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_partitions_added_between_runs_are_read(request, settings, kafka, mode):
-    if mode == "spark":
-        request.getfixturevalue("spark")
+def test_partitions_added_between_runs_are_read(settings, kafka, mode):
     topic = new_topic(kafka, 1)
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c")])
@@ -106,10 +105,7 @@ def test_partitions_added_between_runs_are_read(request, settings, kafka, mode):
     assert log_positions(s, table) == [(0, 0), (1, 0)]
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_offsets_that_no_longer_exist_are_reported(request, settings, kafka, mode):
-    if mode == "spark":
-        request.getfixturevalue("spark")
+def test_offsets_that_no_longer_exist_are_reported(settings, kafka, mode):
     topic = new_topic(kafka, 1)
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
