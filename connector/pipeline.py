@@ -127,8 +127,7 @@ class Sinks:
     def commit(self, name: str, rows: pa.Table, positions: Mapping[str, int]) -> None:
         held = self.positions[name]
         merged = {s: max(held.get(s, 0), positions.get(s, 0)) for s in held.keys() | positions.keys()}
-        append_with_positions(self.tables[name], rows, merged)
-        self.tables[name] = self.tables[name].refresh()
+        append_with_positions(self.tables[name], rows, merged)  # the commit updates the table object
         self.positions[name] = merged
 
 

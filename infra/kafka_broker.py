@@ -106,7 +106,7 @@ class KafkaBroker:
         path.write_text("\n".join(lines) + "\n")
         return path
 
-    def _java(self, main: str, *args: str, **popen) -> list[str]:
+    def _java(self, main: str, *args: str) -> list[str]:
         return ["java", "-Xmx512m", "-cp", f"{fetch_jars()}/*", main, *args]
 
     def start(self, timeout: float = 60.0) -> "KafkaBroker":

@@ -44,10 +44,8 @@ def load_source(config: "SourceConfig") -> Source:
 
         return FileSource(config.path, default_topic=config.topic)
     if config.type in ("kafka", "eventhubs-kafka"):
-        try:
-            from connector.sources.kafka import KafkaSource
-        except ImportError as e:  # pragma: no cover - confluent-kafka is a dependency
-            raise ImportError(f"source.type={config.type!r} needs confluent-kafka: pip install confluent-kafka") from e
+        from connector.sources.kafka import KafkaSource
+
         return KafkaSource(config.kafka_settings(), config.topics, config.group_id, config.starting_position,
                            config.fail_on_data_loss, config.unavailable_timeout_seconds)
     if config.type == "eventhubs":
