@@ -12,6 +12,7 @@ import base64
 import re
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
 import orjson
@@ -112,6 +113,23 @@ def _infer_type(v: Any) -> str | None:
     return "string"
 
 
+_SIGNATURES: dict[tuple, dict[str, str]] = {}  # (columns, Python types) -> inferred types, shared objects
+
+
+def _inferred(after: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Schemaless images: the types depend only on the columns and the values' Python types,
+    so one dict per signature is shared by every event that has it (and serialised once)."""
+    sig = (tuple(after), tuple(map(type, after.values())))
+    types = _SIGNATURES.get(sig)
+    if types is None:
+        types = {c: t for c, v in after.items() if (t := _infer_type(v))}
+        if len(_SIGNATURES) < MAX_TOPICS:
+            _SIGNATURES[sig] = types
+    if dict in sig[1] or list in sig[1]:
+        return {c: (_json_text(v) if isinstance(v, (dict, list)) else v) for c, v in after.items()}, types
+    return after if isinstance(after, dict) else dict(after), types
+
+
 def _normalise(after: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]]:
     """Values as JSON scalars castable to their Spark types, and the types themselves."""
     if schema is not None:
@@ -123,9 +141,7 @@ def _normalise(after: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tu
             if stype:
                 types[col] = stype
         return values, types
-    values = {c: (_json_text(v) if isinstance(v, (dict, list)) else v) for c, v in after.items()}
-    types = {c: t for c, v in after.items() if (t := _infer_type(v))}
-    return values, types
+    return _inferred(after)
 
 
 def _after_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -166,6 +182,23 @@ def _unwrap_flattened(payload: Mapping[str, Any]) -> dict[str, Any]:
             "source": source or None, "ts_ms": meta.get("ts_ms")}
 
 
+@lru_cache(maxsize=1 << 16)
+def _key_text(raw: bytes) -> str | None:
+    """The canonical text of a record key (cached: keys repeat across a key's changes)."""
+    try:
+        key = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", errors="replace")
+    if isinstance(key, dict) and len(key) == 2 and "schema" in key and "payload" in key:
+        key = key["payload"]
+    return None if key is None else canonical(key)
+
+
+@lru_cache(maxsize=MAX_TOPICS)
+def _source_table(text: str) -> str:
+    return table_name(text)
+
+
 class Decoder:
     """Decodes records of any number of tables.
 
@@ -190,22 +223,14 @@ class Decoder:
 
     def _route(self, topic: str, source: Mapping[str, Any] | None) -> str:
         if source and isinstance(source.get("table"), str):
-            table = table_name(source["table"])
+            table = _source_table(source["table"])
             if topic not in self._topic_tables and len(self._topic_tables) < MAX_TOPICS:
                 self._topic_tables[topic] = table
             return table
         return self._topic_tables.get(topic) or topic_table(topic)
 
     def _record_key(self, record: SourceRecord) -> str | None:
-        if record.key is None:
-            return None
-        try:
-            key = orjson.loads(record.key)
-        except orjson.JSONDecodeError:
-            return record.key.decode("utf-8", errors="replace")
-        if isinstance(key, dict) and set(key) == {"schema", "payload"}:
-            key = key["payload"]
-        return None if key is None else canonical(key)
+        return None if record.key is None else _key_text(record.key)
 
     def _decode(self, record: SourceRecord) -> ChangeEvent:
         if record.value is None:
@@ -215,7 +240,7 @@ class Decoder:
         except orjson.JSONDecodeError as e:
             raise DecodeError("json", f"value is not JSON ({e})") from None
         schema = None
-        if isinstance(doc, dict) and set(doc) == {"schema", "payload"}:
+        if isinstance(doc, dict) and len(doc) == 2 and "schema" in doc and "payload" in doc:
             schema, doc = doc["schema"], doc["payload"]
             if doc is None:
                 return self._tombstone(record)

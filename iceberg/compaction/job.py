@@ -34,6 +34,7 @@ from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA, TableNames
 log = logging.getLogger(__name__)
 SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
 STATS_PROPERTY = "cdclake.compaction"
+BROADCAST_WINNERS = 2_000_000  # winner ids (~50 bytes each) sent to every task to fetch their payload
 
 
 @dataclass
@@ -64,15 +65,35 @@ def range_filter(ranges: list[CleanRange]) -> str:
     return " OR ".join(one(r) for r in ranges)
 
 
-def _log_candidates(dirty: DataFrame) -> DataFrame:
-    return dirty.where(F.col("op") != "t").select(
+# The log's wide columns: read back for the winners only, so the sort and the shuffle of a
+# round carry narrow rows whatever the payload width.
+_PAYLOAD = ("after", "after_types")
+_EVENT_ID = ["_topic", "_partition_id", "_sequence_number"]
+_NARROW = ["key", "topic", "partition", "offset", "sequence_number", "enqueued_time", "op", "snapshot",
+           "source_ts_ms", "source_position", "payload_bytes"]
+
+
+def _log_candidates(narrow: DataFrame) -> DataFrame:
+    """The dirty events as candidates; `_after` and `_after_types` null until `_with_payload`."""
+    return narrow.where(F.col("op") != "t").select(
         F.col("key").alias("_key"), F.col("topic").alias("_topic"), F.col("partition").alias("_partition_id"),
         F.col("offset").alias("_offset"), F.col("sequence_number").alias("_sequence_number"),
         F.col("enqueued_time").alias("_enqueued_time"), F.col("op").alias("_op"), F.col("snapshot").alias("_snapshot"),
         F.col("source_ts_ms").alias("_source_ts"), F.col("source_position").alias("_source_position"),
-        F.col("payload_bytes").alias("_payload_bytes"), F.col("after").alias("_after"),
-        F.col("after_types").alias("_after_types"), F.lit(False).alias("_held"),
+        F.col("payload_bytes").alias("_payload_bytes"), *[F.lit(None).cast("string").alias("_" + c) for c in _PAYLOAD],
+        F.lit(False).alias("_held"),
     )
+
+
+def _with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> DataFrame:
+    """Winners with the after-image of the log events that won (held winners have none)."""
+    won = winners.where(~F.col("_held")).select(*_EVENT_ID)
+    payload = dirty.select(F.col("topic").alias("_topic"), F.col("partition").alias("_partition_id"),
+                           F.col("sequence_number").alias("_sequence_number"),
+                           *[F.col(c).alias("_l_" + c) for c in _PAYLOAD])
+    payload = payload.join(F.broadcast(won) if broadcast else won, _EVENT_ID, "left_semi")
+    joined = winners.join(payload, _EVENT_ID, "left")
+    return joined.select(*[F.col("_l" + c).alias(c) if c[1:] in _PAYLOAD else F.col(c) for c in winners.columns])
 
 
 def _held(table: DataFrame, op: str | None) -> DataFrame:
@@ -111,62 +132,84 @@ def _state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
     return changes.select(*[F.col(n) for n, _ in META_COLUMNS], *data, "_action")
 
 
+class _Steps:
+    """Logs how long each step of a round took (progress on long rounds, and where time goes)."""
+
+    def __init__(self, table: str):
+        self.table, self.t = table, time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        log.info("%s: %s took %.2f s", self.table, name, now - self.t)
+        self.t = now
+
+
 def compact(
     spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime,
     force: bool = False,
 ) -> CompactionReport:
     """Compacts what is due in one source table; returns what it did."""
     started = time.monotonic()
+    step = _Steps(names.state)
     report = CompactionReport(names.table)
     # 1. plan
     stats = {s.stream: s for s in stream_stats(catalog, names, policy, now)}
     report.ranges = plan(list(stats.values()), policy, now, force)
     report.events = sum(stats[r.stream].cleanable_events for r in report.ranges)
+    step("plan")
     schema.ensure_tables(spark, names)
     tomb_t = names.spark(names.tombstones)
     if report.ranges:
-        _clean(spark, catalog, names, policy, now, report)
+        _clean(spark, catalog, names, policy, now, report, step)
     # 7. purge expired tombstones (idempotent, its own commit)
     purge = PURGE_PREDICATE.format(now=now.strftime("%Y-%m-%d %H:%M:%S.%f"))
     report.purged = spark.table(tomb_t).where(purge).count()
     if report.purged:
         spark.sql(f"DELETE FROM {tomb_t} WHERE {purge}")
+    step("purge")
     report.seconds = round(time.monotonic() - started, 3)
     log.info("compaction %s: %s", names.state, report.summary())
     return report
 
 
 def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime,
-           report: CompactionReport) -> None:
+           report: CompactionReport, step: _Steps) -> None:
     state_t, tomb_t = names.spark(names.state), names.spark(names.tombstones)
     # 2. dirty events and held rows
     dirty = spark.table(names.spark(names.log)).where(range_filter(report.ranges))
-    truncate, report.truncates = _newest_truncate(dirty, policy.ordering)
-    events = _log_candidates(dirty)
+    narrow = dirty.select(*_NARROW).localCheckpoint(eager=True)  # the one full read of the dirty range
+    truncate, report.truncates = _newest_truncate(narrow, policy.ordering)
+    step(f"read {report.events:,} dirty events")
+    events = _log_candidates(narrow)
+    keys = events.select("_key").distinct()
     state, tombs = spark.table(state_t), spark.table(tomb_t)
     if truncate is None:
-        keys = events.select("_key").distinct()
         state = state.join(keys, "_key", "left_semi")
-    tombs = tombs.join(events.select("_key").distinct(), "_key", "left_semi")
+    tombs = tombs.join(keys, "_key", "left_semi")
     candidates = events.unionByName(_held(state, None)).unionByName(_held(tombs, "d"))
     # 3. newest per key, truncates
     ranked = dedupe.rank(candidates, policy.ordering)
     winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
+    keys = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
+    report.keys, report.stale = keys["n"], keys["stale"] or 0
+    step("dedupe")
+    winners = _with_payload(winners, dirty, broadcast=report.keys <= BROADCAST_WINNERS)
     changes = dedupe.resolve(winners, truncate, policy.ordering).localCheckpoint(eager=True)
+    step("payload of the winners")
     counts = changes.groupBy().agg(
         F.count(F.lit(1)).alias("n"), F.sum((F.col("_action") == "upsert").cast("int")).alias("up"),
     ).first()
-    keys = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
-    report.keys, report.stale = keys["n"], keys["stale"] or 0
     report.upserts, report.deletes = counts["up"] or 0, (counts["n"] or 0) - (counts["up"] or 0)
     if report.stale:
         for r in ranked.where("_stale").orderBy("_partition_id", "_sequence_number").limit(10).collect():
             log.warning("%s: stale event ignored: key %s partition %s offset %s (position %s) is older than the "
                         "held row", names.state, r["_key"], r["_partition_id"], r["_offset"], r["_source_position"])
+    step("counts")
     # 4. schema
     signatures = [r[0] for r in changes.where("_action = 'upsert' AND _after_types IS NOT NULL")
                   .select("_after_types").distinct().collect()]
     columns = schema.evolve(spark, names, schema.merge_types(signatures))
+    step("schema")
     source = _state_source(changes, columns)
     source.createOrReplaceTempView("cdclake_changes")
     meta = [n for n, _ in META_COLUMNS]
@@ -183,6 +226,7 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     props = {CLEANER_POINTS_PROPERTY: json.dumps(dict(sorted(points.items())), separators=(",", ":")),
              STATS_PROPERTY: json.dumps(report.summary()["ranges"], separators=(",", ":"))}
     _merge(spark, _merge_sql(tomb_t, "cdclake_tomb_changes", tomb_cols, delete_on="upsert"), {})
+    step("merge tombstones")
     crash_point("compact.after-tombstones")
     # 6. state + cleaner points, one snapshot
     before = catalog.load_table(names.state).current_snapshot()
@@ -193,6 +237,7 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
         state = catalog.load_table(names.state)
         with state.transaction() as tx:
             tx.append(state.schema().as_arrow().empty_table(), snapshot_properties=props)
+    step("merge state")
     crash_point("compact.after-commit")
 
 
