@@ -103,6 +103,11 @@ def _held(table: DataFrame, op: str | None) -> DataFrame:
                         F.lit(True).alias("_held")).select(*dedupe.CANDIDATE_COLUMNS)
 
 
+def _has_rows(catalog: Catalog, name: str) -> bool:
+    snapshot = catalog.load_table(name).current_snapshot()
+    return snapshot is not None and int(snapshot.summary.additional_properties.get("total-records", 1)) > 0
+
+
 def _newest_truncate(dirty: DataFrame, ordering: str) -> tuple[dict | None, int]:
     truncates = dirty.where(F.col("op") == "t").collect()
     if not truncates:
@@ -163,7 +168,7 @@ def compact(
         _clean(spark, catalog, names, policy, now, report, step)
     # 7. purge expired tombstones (idempotent, its own commit)
     purge = PURGE_PREDICATE.format(now=now.strftime("%Y-%m-%d %H:%M:%S.%f"))
-    report.purged = spark.table(tomb_t).where(purge).count()
+    report.purged = spark.table(tomb_t).where(purge).count() if _has_rows(catalog, names.tombstones) else 0
     if report.purged:
         spark.sql(f"DELETE FROM {tomb_t} WHERE {purge}")
     step("purge")
@@ -181,12 +186,15 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     truncate, report.truncates = _newest_truncate(narrow, policy.ordering)
     step(f"read {report.events:,} dirty events")
     events = _log_candidates(narrow)
-    keys = events.select("_key").distinct()
-    state, tombs = spark.table(state_t), spark.table(tomb_t)
-    if truncate is None:
-        state = state.join(keys, "_key", "left_semi")
-    tombs = tombs.join(keys, "_key", "left_semi")
-    candidates = events.unionByName(_held(state, None)).unionByName(_held(tombs, "d"))
+    candidates = events
+    held = [(t, op) for t, op in ((names.state, None), (names.tombstones, "d")) if _has_rows(catalog, t)]
+    if held:  # rows already held for the round's keys (a first round has none: no joins at all)
+        keys = events.select("_key").distinct()
+        for name, op in held:
+            rows = spark.table(names.spark(name))
+            if not (truncate is not None and op is None):  # a truncate looks at every held state row
+                rows = rows.join(keys, "_key", "left_semi")
+            candidates = candidates.unionByName(_held(rows, op))
     # 3. newest per key, truncates
     ranked = dedupe.rank(candidates, policy.ordering)
     winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import time
@@ -16,7 +17,7 @@ from connector.config import load_settings
 from tests.bench import systems
 from tests.bench.generate import TOPIC, generate, live_keys
 
-console = Console()
+console = Console(width=220)  # the figure tables are wide; never wrap them in a log file
 
 
 def jvm_peak_rss_mb(spark) -> float:
@@ -43,6 +44,8 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
                              source={"type": "file", "path": str(src), "batch_size": args.ingest_batch},
                              spark={"driver_memory": args.driver_memory})
     from iceberg.spark import get_spark
+
+    systems.drop_namespace(settings)  # a rerun starts from empty tables, not from the last run's positions
 
     spark = spark_holder.setdefault("spark", get_spark(settings))
     fig: dict = {"events": n, "keys": k, "partitions": args.partitions, "width": args.width}
@@ -160,9 +163,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--big", action="store_true", help="include the 10M runs")
     ap.add_argument("--incremental", action="store_true", help="then compact 1%% new events into the result")
     ap.add_argument("--driver-memory", default="4g")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="time the first runs in a cold JVM (default: every system runs once on 100k events first)")
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--lake", type=Path, help="work dir of the catalog (default <out>/lake)")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("iceberg.compaction.job").setLevel(logging.INFO)  # where a round's time goes, step by step
     os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
     root = args.out.resolve()
     grid = [(args.events, args.keys)]
@@ -170,6 +177,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         grid = [(n, k) for k in (10_000, 1_000_000) for n in (1_000_000, 5_000_000, 10_000_000)
                 if n < 10_000_000 or args.big]
     holder: dict = {}
+    if not args.no_warmup:  # the JVM compiles its hot paths on first use; no system should pay that alone
+        console.rule("warm-up: every system once on up to 100,000 events (not reported)")
+        warm = min(args.events, 100_000)
+        run_once(root, warm, min(args.keys, warm // 10), argparse.Namespace(**{**vars(args), "incremental": False}),
+                 holder)
     figs = []
     for n, k in grid:
         console.rule(f"N = {n:,}, K = {k:,}")

@@ -28,6 +28,14 @@ def table_files(settings: Settings, name: str) -> tuple[int, int]:
     return int(p.get("total-data-files", 0)) + int(p.get("total-delete-files", 0)), int(p.get("total-files-size", 0))
 
 
+def drop_namespace(settings: Settings) -> None:
+    catalog = load_catalog(settings)
+    ns = settings.catalog.namespace
+    if ns in {n[0] for n in catalog.list_namespaces()}:
+        for ident in catalog.list_tables(ns):
+            catalog.purge_table(ident)
+
+
 def ours_ingest(settings: Settings) -> None:
     run_ingest(settings)
 

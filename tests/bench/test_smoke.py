@@ -9,6 +9,6 @@ pytestmark = pytest.mark.spark
 
 
 def test_benchmark_smoke(spark, work_root, tmp_path):
-    figs = main(["--events", "20000", "--keys", "2000", "--batch", "5000", "--incremental",
+    figs = main(["--events", "20000", "--keys", "2000", "--batch", "5000", "--incremental", "--no-warmup",
                  "--out", str(tmp_path), "--lake", str(work_root)])
     assert figs[0]["events"] >= 20000 and figs[0]["duckdb_floor_s"] > 0
