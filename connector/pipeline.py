@@ -12,8 +12,8 @@ from __future__ import annotations
 import gc
 import json
 import logging
-from contextlib import contextmanager
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping

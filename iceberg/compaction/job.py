@@ -93,7 +93,8 @@ def _with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> Data
                            *[F.col(c).alias("_l_" + c) for c in _PAYLOAD])
     payload = payload.join(F.broadcast(won) if broadcast else won, _EVENT_ID, "left_semi")
     joined = winners.join(payload, _EVENT_ID, "left")
-    return joined.select(*[F.col("_l" + c).alias(c) if c[1:] in _PAYLOAD else F.col(c) for c in winners.columns])
+    return joined.select(*[F.when(~F.col("_held"), F.col("_l" + c)).alias(c) if c[1:] in _PAYLOAD else F.col(c)
+                           for c in winners.columns])
 
 
 def _held(table: DataFrame, op: str | None) -> DataFrame:
@@ -198,8 +199,8 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     # 3. newest per key, truncates
     ranked = dedupe.rank(candidates, policy.ordering)
     winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
-    keys = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
-    report.keys, report.stale = keys["n"], keys["stale"] or 0
+    totals = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
+    report.keys, report.stale = totals["n"], totals["stale"] or 0
     step("dedupe")
     winners = _with_payload(winners, dirty, broadcast=report.keys <= BROADCAST_WINNERS)
     changes = dedupe.resolve(winners, truncate, policy.ordering).localCheckpoint(eager=True)

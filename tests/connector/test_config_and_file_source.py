@@ -46,3 +46,16 @@ def test_file_source_names_the_bad_line(tmp_path):
         FileSource(f).poll(10)
     with pytest.raises(SourceError, match="no such file"):
         FileSource(tmp_path / "missing.jsonl")
+
+
+def test_ingest_gc_thresholds_are_restored_even_when_a_batch_fails():
+    import gc
+
+    from connector.pipeline import batch_gc
+
+    saved = gc.get_threshold()
+    with pytest.raises(RuntimeError):
+        with batch_gc(young=123_456):
+            assert gc.get_threshold()[0] == 123_456
+            raise RuntimeError("batch failed")
+    assert gc.get_threshold() == saved

@@ -171,3 +171,15 @@ def test_primary_key_change_is_delete_tombstone_create(fixtures):
 def test_truncate_has_no_key():
     e = Decoder().decode(rec({"op": "t", "source": {"connector": "postgresql", "table": "customers", "lsn": 5}}))
     assert isinstance(e, ChangeEvent) and e.op == "t" and e.key is None and e.position == (5,)
+
+
+def test_schemaless_types_follow_each_images_values_not_a_cached_guess():
+    """Types are cached per (columns, Python types): images that differ in either get their own."""
+    d = Decoder({"t": ["id"]})
+    src = {"connector": "postgresql", "table": "t", "lsn": 1}
+    a, b, c, n = (d.decode(rec({"op": "c", "after": after, "source": src})) for after in (
+        {"id": 1, "v": 2}, {"id": 2, "v": 3}, {"id": 3, "v": True}, {"id": 4, "v": {"x": [1]}}))
+    assert a.after_types == {"id": "bigint", "v": "bigint"} and a.after_types is b.after_types  # shared, serialised once
+    assert c.after_types == {"id": "bigint", "v": "boolean"} and c.after == {"id": 3, "v": True}
+    assert n.after_types == {"id": "bigint", "v": "string"} and n.after == {"id": 4, "v": '{"x":[1]}'}
+    assert d.decode(rec({"op": "c", "after": {"v": None, "id": 5}, "source": src})).after_types == {"id": "bigint"}
