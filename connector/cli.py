@@ -25,6 +25,7 @@ from connector.errors import ConnectorError
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, rich_markup_mode="markdown", add_completion=False)
 console = Console()
+PROGRESS_EVERY_S = 10.0  # progress lines when the output is not a terminal (CI, log files)
 
 ConfigOpt = typer.Option(None, "--config", "-c", envvar="CDCLAKE_CONFIG",
                          help="TOML config file; CDCLAKE_* environment variables override it "
@@ -52,6 +53,8 @@ def _guard(fn):
 def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log every commit and decision")) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not console.is_terminal:  # no spinner in a log file: the compaction steps are the progress
+        logging.getLogger("iceberg.compaction.job").setLevel(logging.INFO)
 
 
 def _do_ingest(settings: Settings, max_records: Optional[int] = None):
@@ -60,11 +63,18 @@ def _do_ingest(settings: Settings, max_records: Optional[int] = None):
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True) as progress:
         task = progress.add_task("ingesting", total=None)
+        started = last_line = time.monotonic()
 
         def on_batch(stats):
-            progress.update(task, description=(
-                f"ingesting: {stats.records:,} records in {stats.batches} batches, "
-                f"{sum(stats.dead_letters.values()):,} dead letters"))
+            nonlocal last_line
+            now = time.monotonic()
+            line = (f"ingesting: {stats.records:,} records in {stats.batches} batches "
+                    f"({stats.records / max(now - started, 1e-9):,.0f}/s), "
+                    f"{sum(stats.dead_letters.values()):,} dead letters")
+            progress.update(task, description=line)
+            if not console.is_terminal and now - last_line >= PROGRESS_EVERY_S:  # logs get a line, not a spinner
+                console.print(line)
+                last_line = now
 
         stats = run_ingest(settings, on_batch, max_records)
     table = Table("table", "accepted", "dead letters", title=f"ingested {stats.records:,} records "
