@@ -51,7 +51,7 @@ def configure_spark(builder: "SparkSession.Builder", settings: "Settings") -> "S
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # G1's concurrent work competes with the tasks for the few cores a local driver has:
-        # the parallel collector measured 20-35% faster on the compaction's sort and shuffle.
+        # the parallel collector measured 15-35% faster on the compaction's sort and shuffle.
         "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
         **{f"{prefix}.{k}": v for k, v in settings.catalog.properties.items()},
         **settings.spark.conf,
