@@ -118,7 +118,8 @@ class SourceConfig(_Section):
     def kafka_stream_options(self) -> dict[str, str]:
         """Options of the Kafka streaming data source (hold the secret)."""
         return {"kafka_settings": json.dumps(self.kafka_settings()), "topics": json.dumps(self.topics),
-                "starting_position": starting_text(self.starting_position), "fail_on_data_loss": str(self.fail_on_data_loss).lower(),
+                "starting_position": starting_text(self.starting_position),
+                "fail_on_data_loss": str(self.fail_on_data_loss).lower(),
                 "unavailable_timeout_seconds": str(self.unavailable_timeout_seconds)}
 
     def kafka_settings(self) -> dict[str, str]:

@@ -8,12 +8,25 @@ positions into the source's own tooling (consumer groups, blob checkpoints).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from connector.records import SourceRecord
 
 if TYPE_CHECKING:
     from connector.config import SourceConfig
+
+
+def initial_position(starting: "str | int | datetime", low: int, high: int, at_time: Callable[[datetime], int]) -> int:
+    """Where a partition with no committed position starts: `low`/`high` are the first retained
+    and the next position; a number is clamped into them; a time is looked up by `at_time`."""
+    if starting == "earliest":
+        return low
+    if starting == "latest":
+        return high
+    if isinstance(starting, int):
+        return min(max(starting, low), high)
+    return at_time(starting)
 
 
 class Source(ABC):

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 from connector.config import starting_value
 from connector.errors import SourceError
 from connector.records import SourceRecord, stream_id
-from connector.sources import Source
+from connector.sources import Source, initial_position
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,8 @@ class PartitionReader(Protocol):
 
 
 def initial_sequence_number(reader: PartitionReader, pid: str, starting: "str | int | datetime", end: int) -> int:
-    """Where a partition with no committed position starts."""
-    if starting == "earliest":
-        return 0  # the reader starts at the first event still retained
-    if starting == "latest":
-        return end
-    if isinstance(starting, int):
-        return min(max(starting, 0), end)
-    return reader.sequence_number_at(pid, starting)
+    """`initial_position` for an Event Hubs partition (0: the reader starts at the first retained event)."""
+    return initial_position(starting, 0, end, lambda when: reader.sequence_number_at(pid, when))
 
 
 def _bytes(v: Any) -> bytes | None:

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from connector.errors import SourceError
 from connector.records import SourceRecord, stream_id
-from connector.sources import Source
+from connector.sources import Source, initial_position
 
 log = logging.getLogger(__name__)
 METADATA_REFRESH_SECONDS = 10.0
@@ -90,7 +90,8 @@ class KafkaSource(Source):
         stream = stream_id(topic, partition)
         self._end[stream] = high
         if stream not in self._positions:
-            return self._initial(topic, partition, low, high)
+            return initial_offset(self.consumer, topic, partition, low, high, self.starting,
+                                  self.unavailable_timeout)
         start = self._positions[stream]
         if start < low:
             msg = (f"topic {topic!r} partition {partition}: offsets [{start}, {low}) no longer exist in the source "
@@ -101,9 +102,6 @@ class KafkaSource(Source):
             log.error("%s; continuing from %s (fail_on_data_loss = false)", msg, low)
             return low
         return start
-
-    def _initial(self, topic: str, partition: int, low: int, high: int) -> int:
-        return initial_offset(self.consumer, topic, partition, low, high, self.starting, self.unavailable_timeout)
 
     def _assign(self, parts: set[tuple[str, int]]) -> None:
         new = sorted(parts - self._assigned)
@@ -198,15 +196,13 @@ class GroupOffsetsMirror:
         self.consumer.close()
 
 
+
 def initial_offset(consumer: Consumer, topic: str, partition: int, low: int, high: int,
                    starting: "str | int | datetime", timeout: float) -> int:
-    """Where a partition with no committed position starts (offsets clamped to [low, high])."""
-    if starting == "earliest":
-        return low
-    if starting == "latest":
-        return high
-    if isinstance(starting, int):
-        return min(max(starting, low), high)
-    found = consumer.offsets_for_times([TopicPartition(topic, partition, int(starting.timestamp() * 1000))],
-                                       timeout=timeout)[0].offset
-    return high if found < 0 else found
+    """`initial_position` for a Kafka partition (a time is looked up with offsets_for_times)."""
+    def at_time(when: datetime) -> int:
+        found = consumer.offsets_for_times([TopicPartition(topic, partition, int(when.timestamp() * 1000))],
+                                           timeout=timeout)[0].offset
+        return high if found < 0 else found
+
+    return initial_position(starting, low, high, at_time)

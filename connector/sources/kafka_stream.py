@@ -87,7 +87,6 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         return parts
 
     def read(self, partition: KafkaPartition) -> Iterator[tuple]:
-
         c = Consumer({**self.settings, "group.id": "cdclake-reader", "enable.auto.commit": False,
                       "enable.partition.eof": True})
         c.assign([TopicPartition(partition.topic, partition.partition, partition.start)])

@@ -46,7 +46,6 @@ class FakeHub:
         rows = [e for e in self.data[pid] if e[0] >= from_seq][:max_events]
         return [amqp_event(s, o, ms, k, None if b is None else b.encode()) for s, o, ms, k, b in rows]
 
-
     def sequence_number_at(self, pid: str, when) -> int:
         ms = when.timestamp() * 1000
         return next((e[0] for e in self.data[pid] if e[2] >= ms), self.end_sequence_number(pid))

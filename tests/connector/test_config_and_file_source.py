@@ -59,3 +59,17 @@ def test_ingest_gc_thresholds_are_restored_even_when_a_batch_fails():
             assert gc.get_threshold()[0] == 123_456
             raise RuntimeError("batch failed")
     assert gc.get_threshold() == saved
+
+
+@pytest.mark.parametrize("starting,expected", [
+    ("earliest", 10), ("latest", 20), (15, 15), (3, 10), (99, 20), ("time", 17),
+])
+def test_initial_position_of_a_partition_without_a_committed_position(starting, expected):
+    from datetime import datetime, timezone
+
+    from connector.sources import initial_position
+
+    when = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    looked_up = []
+    got = initial_position(when if starting == "time" else starting, 10, 20, lambda t: looked_up.append(t) or 17)
+    assert got == expected and looked_up == ([when] if starting == "time" else [])
