@@ -113,21 +113,22 @@ def _infer_type(v: Any) -> str | None:
     return "string"
 
 
-_SIGNATURES: dict[tuple, dict[str, str]] = {}  # (columns, Python types) -> inferred types, shared objects
+_SIGNATURES: dict[tuple, tuple[dict[str, str], bool]] = {}  # (columns, Python types) -> (types, nested)
 
 
 def _inferred(after: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Schemaless images: the types depend only on the columns and the values' Python types,
     so one dict per signature is shared by every event that has it (and serialised once)."""
     sig = (tuple(after), tuple(map(type, after.values())))
-    types = _SIGNATURES.get(sig)
-    if types is None:
-        types = {c: t for c, v in after.items() if (t := _infer_type(v))}
+    hit = _SIGNATURES.get(sig)
+    if hit is None:
+        hit = ({c: t for c, v in after.items() if (t := _infer_type(v))}, dict in sig[1] or list in sig[1])
         if len(_SIGNATURES) < MAX_TOPICS:
-            _SIGNATURES[sig] = types
-    if dict in sig[1] or list in sig[1]:
+            _SIGNATURES[sig] = hit
+    types, nested = hit
+    if nested:
         return {c: (_json_text(v) if isinstance(v, (dict, list)) else v) for c, v in after.items()}, types
-    return after if isinstance(after, dict) else dict(after), types
+    return after if type(after) is dict else dict(after), types
 
 
 def _normalise(after: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -153,19 +154,16 @@ def _after_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return None
 
 
-def _reject_avro_json(payload: Mapping[str, Any]) -> None:
-    source = payload.get("source") or {}
-    if type(payload.get("ts_ms")) is not dict and not any(type(v) is dict for v in source.values()):
+def _reject_avro_json(payload: Mapping[str, Any], source: Any) -> None:
+    ts_wrapped = type(payload.get("ts_ms")) is dict
+    if not ts_wrapped and not (type(source) is dict and dict in map(type, source.values())):
         return
-    wrapped = [k for k, v in source.items() if isinstance(v, dict)]
-    if isinstance(payload.get("ts_ms"), dict):
-        wrapped.append("ts_ms")
-    if wrapped:
-        raise DecodeError(
-            "avro-json",
-            f"fields {wrapped} are Avro JSON unions; this decoder reads Kafka Connect JsonConverter "
-            "output: use value.converter=org.apache.kafka.connect.json.JsonConverter or decode Avro first",
-        )
+    wrapped = [k for k, v in (source or {}).items() if isinstance(v, dict)] + (["ts_ms"] if ts_wrapped else [])
+    raise DecodeError(
+        "avro-json",
+        f"fields {wrapped} are Avro JSON unions; this decoder reads Kafka Connect JsonConverter "
+        "output: use value.converter=org.apache.kafka.connect.json.JsonConverter or decode Avro first",
+    )
 
 
 def _unwrap_flattened(payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -221,11 +219,15 @@ class Decoder:
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             return DeadLetter(record, self._route(record.topic, None), "envelope", f"{type(e).__name__}: {e}")
 
+    def learn(self, topic: str, table: str) -> None:
+        """Remember the table a topic carries (the first one seen wins; bounded)."""
+        if topic not in self._topic_tables and len(self._topic_tables) < MAX_TOPICS:
+            self._topic_tables[topic] = table
+
     def _route(self, topic: str, source: Mapping[str, Any] | None) -> str:
         if source and isinstance(source.get("table"), str):
             table = _source_table(source["table"])
-            if topic not in self._topic_tables and len(self._topic_tables) < MAX_TOPICS:
-                self._topic_tables[topic] = table
+            self.learn(topic, table)
             return table
         return self._topic_tables.get(topic) or topic_table(topic)
 
@@ -240,37 +242,36 @@ class Decoder:
         except orjson.JSONDecodeError as e:
             raise DecodeError("json", f"value is not JSON ({e})") from None
         schema = None
-        if isinstance(doc, dict) and len(doc) == 2 and "schema" in doc and "payload" in doc:
+        if type(doc) is dict and len(doc) == 2 and "schema" in doc and "payload" in doc:
             schema, doc = doc["schema"], doc["payload"]
             if doc is None:
                 return self._tombstone(record)
-        if not isinstance(doc, dict):
+        if type(doc) is not dict:
             raise DecodeError("envelope", f"value is a JSON {type(doc).__name__}, not a Debezium envelope")
         if "op" not in doc:
             if not any(k.startswith("__") for k in doc):
                 raise DecodeError("envelope", "no 'op' field: not a Debezium envelope nor ExtractNewRecordState output")
             doc = _unwrap_flattened(doc)
             schema = None  # the unwrapped schema describes the row itself
-        _reject_avro_json(doc)
-        op = doc.get("op")
+        source = doc.get("source")
+        _reject_avro_json(doc, source)
+        op = doc["op"]
         if op not in OPS:
             raise DecodeError("op", f"unsupported op {op!r} (expected one of c, u, d, r, t)")
-        source = doc.get("source")
         table = self._route(record.topic, source)
-        common = dict(
-            record=record, table=table, op=op, snapshot=is_snapshot(source, op),
-            position=source_position(source), source_ts_ms=(source or {}).get("ts_ms") or doc.get("ts_ms"),
-        )
+        snapshot, position = is_snapshot(source, op), source_position(source)
+        ts_ms = (source.get("ts_ms") if source else None) or doc.get("ts_ms")
         if op == "t":
-            return ChangeEvent(key=None, **common)
-        after, before = doc.get("after"), doc.get("before")
-        if op != "d" and not isinstance(after, dict):
-            raise DecodeError("envelope", f"op {op!r} without an 'after' image")
-        key = self._key(record, table, after if op != "d" else before)
+            return ChangeEvent(record, table, None, op, snapshot, False, position, ts_ms)
         if op == "d":
-            return ChangeEvent(key=key, **common)
-        values, types = _normalise(after, _after_schema(schema) if schema else None)
-        return ChangeEvent(key=key, after=values, after_types=types, **common)
+            return ChangeEvent(record, table, self._key(record, table, doc.get("before")), op, snapshot, False,
+                               position, ts_ms)
+        after = doc.get("after")
+        if type(after) is not dict:
+            raise DecodeError("envelope", f"op {op!r} without an 'after' image")
+        key = self._key(record, table, after)
+        values, types = _normalise(after, _after_schema(schema)) if schema else _inferred(after)
+        return ChangeEvent(record, table, key, op, snapshot, False, position, ts_ms, values, types)
 
     def _key(self, record: SourceRecord, table: str, image: Mapping[str, Any] | None) -> str:
         fields = self.key_fields.get(table)

@@ -18,16 +18,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
+from connector.batch import RecordBatch, Rows, dead_letter_rows, decode_batch, streams_of
 from connector.debezium import Decoder
-from connector.records import ChangeEvent, DeadLetter, SourceRecord
+from connector.records import DeadLetter, SourceRecord
 from connector.sources import Source
-from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX, UTC_TS
+from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
 from iceberg.log_writer import append_with_positions, committed_positions
 from quotas.errors import QuotaExceededError
 from quotas.metrics import DEAD_LETTERS, EVENTS, REFUSALS
@@ -46,60 +47,6 @@ class IngestStats:
     accepted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     dead_letters: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     positions: dict[str, int] = field(default_factory=dict)
-
-
-def _headers(r: SourceRecord) -> str | None:
-    if not r.headers:
-        return None
-    return orjson.dumps({k: (v.decode("utf-8", "replace") if v is not None else None) for k, v in r.headers}).decode()
-
-
-def _types_json(types: dict[str, str], memo: dict[int, tuple[dict, str]]) -> str:
-    """Serialised once per types object (the decoder shares one per schema signature)."""
-    hit = memo.get(id(types))
-    if hit is None or hit[0] is not types:
-        hit = memo[id(types)] = (types, orjson.dumps(types, option=orjson.OPT_SORT_KEYS).decode())
-    return hit[1]
-
-
-def log_rows(events: list[ChangeEvent], now: datetime) -> pa.Table:
-    recs = [e.record for e in events]
-    memo: dict[int, tuple[dict, str]] = {}
-    return pa.Table.from_pydict({
-        "topic": [r.topic for r in recs],
-        "partition": [r.partition for r in recs],
-        "offset": [r.offset for r in recs],
-        "sequence_number": [r.sequence_number for r in recs],
-        "enqueued_time": [r.enqueued_time for r in recs],
-        "key": [e.key for e in events],
-        "op": [e.op for e in events],
-        "snapshot": [e.snapshot for e in events],
-        "tombstone": [e.tombstone for e in events],
-        "source_position": [list(e.position) if e.position is not None else None for e in events],
-        "source_ts_ms": [e.source_ts_ms for e in events],
-        "after": [orjson.dumps(e.after).decode() if e.after is not None else None for e in events],
-        "after_types": [_types_json(e.after_types, memo) if e.after_types else None for e in events],
-        "value": [r.value for r in recs],
-        "payload_bytes": [r.nbytes for r in recs],
-        "headers": [_headers(r) for r in recs],
-        "ingested_at": pa.repeat(pa.scalar(now, UTC_TS), len(recs)),
-    }, schema=LOG_SCHEMA)
-
-
-def dead_letter_rows(letters: list[DeadLetter], now: datetime) -> pa.Table:
-    recs = [d.record for d in letters]
-    return pa.Table.from_pydict({
-        "topic": [r.topic for r in recs],
-        "partition": [r.partition for r in recs],
-        "offset": [r.offset for r in recs],
-        "sequence_number": [r.sequence_number for r in recs],
-        "enqueued_time": [r.enqueued_time for r in recs],
-        "key": [r.key for r in recs],
-        "value": [r.value for r in recs],
-        "reason": [d.reason for d in letters],
-        "detail": [d.detail for d in letters],
-        "ingested_at": [now] * len(recs),
-    }, schema=DEAD_LETTER_SCHEMA)
 
 
 class Sinks:
@@ -222,8 +169,8 @@ def _one_pass(source: Source, sinks: "Sinks", decoder: Decoder, batch_size: int,
               gate: "QuotaGate | None", fail_fast: bool) -> None:
     while max_records is None or stats.records < max_records:
         limit = batch_size if max_records is None else min(batch_size, max_records - stats.records)
-        batch = source.poll(limit)
-        if not batch:
+        batch = source.poll_batch(limit)
+        if not len(batch):
             return
         refused = _ingest_batch(batch, sinks, decoder, stats, gate)
         source.commit(stats.positions)
@@ -233,60 +180,73 @@ def _one_pass(source: Source, sinks: "Sinks", decoder: Decoder, batch_size: int,
             raise QuotaExceededError(refused)
 
 
-def _ingest_batch(batch: list[SourceRecord], sinks: Sinks, decoder: Decoder, stats: IngestStats,
+def _per_stream(rows: pa.Table, **aggregates: tuple[str, str]) -> dict[str, dict[str, int]]:
+    """{stream: {name: aggregate}} over log rows, e.g. bytes=("payload_bytes", "sum")."""
+    if not rows.num_rows:
+        return {}
+    grouped = rows.append_column("_stream", streams_of(rows)).group_by("_stream").aggregate(list(aggregates.values()))
+    cols = {name: grouped[f"{c}_{fn}"].to_pylist() for name, (c, fn) in aggregates.items()}
+    return {s: {name: cols[name][i] for name in aggregates} for i, s in enumerate(grouped["_stream"].to_pylist())}
+
+
+def _from(rows: pa.Table, floors: Mapping[str, int]) -> pa.Array:
+    """Per row: at or after its stream's floor (0 for streams not in `floors`)."""
+    streams = streams_of(rows)
+    distinct = pc.unique(streams)
+    floor = pa.array([floors.get(s, 0) for s in distinct.to_pylist()], pa.int64()).take(pc.index_in(streams, distinct))
+    return pc.greater_equal(rows["sequence_number"], floor)
+
+
+def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: IngestStats,
                   gate: "QuotaGate | None" = None) -> list:
     """Commits one batch to every table it touches; returns the quota refusals."""
     now = datetime.now(timezone.utc)
-    events: dict[str, list[ChangeEvent]] = defaultdict(list)
-    letters: dict[str, list[DeadLetter]] = defaultdict(list)
-    for record in batch:
-        out = decoder.decode(record)
-        if gate is not None and isinstance(out, ChangeEvent):
-            too_large = gate.oversize(out.table, record.nbytes)
-            if too_large:
-                out = DeadLetter(record, out.table, "size", too_large)
-        if isinstance(out, DeadLetter):
-            log.warning("dead letter for table %s at %s: %s: %s", out.table, record.where(), out.reason, out.detail)
-            DEAD_LETTERS.labels(out.table, out.reason).inc()
-            letters[out.table + DEAD_LETTERS_SUFFIX].append(out)
-        else:
-            events[out.table + LOG_SUFFIX].append(out)
-    batch_positions = dict(stats.positions)
-    for r in batch:
-        batch_positions[r.stream] = max(batch_positions.get(r.stream, 0), r.sequence_number + 1)
+    decoded = decode_batch(decoder, batch, now)
+    events = {table: Rows.concat(parts) for table, parts in decoded.events.items()}
+    if gate is not None:
+        for table, rows in events.items():
+            over = pc.greater(rows.table["payload_bytes"], gate.quota(table).max_event_bytes)
+            if pc.any(over).as_py():
+                for record in batch.records(rows.idx.filter(over).to_pylist()):
+                    decoded.letters[table].append(DeadLetter(record, table, "size", gate.oversize(table, record.nbytes)))
+                events[table] = rows.keep(pc.invert(over))
+    for table, letters in decoded.letters.items():
+        for d in letters:
+            log.warning("dead letter for table %s at %s: %s: %s", table, d.record.where(), d.reason, d.detail)
+            DEAD_LETTERS.labels(table, d.reason).inc()
+    batch_positions = {**stats.positions}
+    for stream, p in batch.positions().items():
+        batch_positions[stream] = max(batch_positions.get(stream, 0), p)
 
     refusals: list = []
-    for groups, schema, to_rows, counter in (
-        (events, LOG_SCHEMA, log_rows, stats.accepted),
-        (letters, DEAD_LETTER_SCHEMA, dead_letter_rows, stats.dead_letters),
-    ):
-        for name, items in groups.items():
-            table = name.rsplit("__", 1)[0]
-            sinks.get(name, schema)
-            held = sinks.positions[name]
-            fresh = [i for i in items if i.record.sequence_number >= held.get(i.record.stream, 0)]
-            stats.duplicates += len(items) - len(fresh)
-            if gate is not None and groups is events:
-                incoming: dict[str, tuple[int, int]] = {}
-                for e in fresh:
-                    n, first = incoming.get(e.record.stream, (0, e.record.sequence_number))
-                    incoming[e.record.stream] = (n + e.record.nbytes, min(first, e.record.sequence_number))
-                new = gate.admit(table, incoming)
-                for r in new:
-                    REFUSALS.labels(table, r.stream).inc()
-                refusals += new
-                caps = _caps(gate, name)
-                fresh = [e for e in fresh if e.record.stream not in caps]
-            sinks.commit(name, to_rows(fresh, now), {**batch_positions, **_caps(gate, name)})
-            counter[table] += len(fresh)
-            if groups is events:
-                EVENTS.labels(table).inc(len(fresh))
-                committed: dict[str, int] = defaultdict(int)
-                for e in fresh:
-                    committed[e.record.stream] += e.record.nbytes
-                for stream, nbytes in committed.items():
-                    if gate is not None:
-                        gate.record(table, stream, nbytes)
+    for table, letters in decoded.letters.items():
+        name = table + DEAD_LETTERS_SUFFIX
+        sinks.get(name, DEAD_LETTER_SCHEMA)
+        held = sinks.positions[name]
+        fresh = [d for d in letters if d.record.sequence_number >= held.get(d.record.stream, 0)]
+        stats.duplicates += len(letters) - len(fresh)
+        sinks.commit(name, dead_letter_rows(fresh, now), batch_positions)
+        stats.dead_letters[table] += len(fresh)
+    for table, rows in events.items():
+        name = table + LOG_SUFFIX
+        sinks.get(name, LOG_SCHEMA)
+        fresh = rows.table.filter(_from(rows.table, sinks.positions[name]))
+        stats.duplicates += rows.table.num_rows - fresh.num_rows
+        if gate is not None:
+            incoming = _per_stream(fresh, bytes=("payload_bytes", "sum"), first=("sequence_number", "min"))
+            new = gate.admit(table, {s: (v["bytes"], v["first"]) for s, v in incoming.items()})
+            for r in new:
+                REFUSALS.labels(table, r.stream).inc()
+            refusals += new
+            caps = _caps(gate, name)
+            if caps:
+                fresh = fresh.filter(pc.invert(pc.is_in(streams_of(fresh), pa.array(sorted(caps), pa.string()))))
+        sinks.commit(name, fresh, {**batch_positions, **_caps(gate, name)})
+        stats.accepted[table] += fresh.num_rows
+        EVENTS.labels(table).inc(fresh.num_rows)
+        if gate is not None:
+            for stream, v in _per_stream(fresh, bytes=("payload_bytes", "sum")).items():
+                gate.record(table, stream, v["bytes"])
     stats.records += len(batch)
     stats.batches += 1
     stats.positions = batch_positions
@@ -312,7 +272,7 @@ def ingest_spark_stream(
         try:
             for i in range(0, len(records), batch_size):
                 chunk = records[i: i + batch_size]
-                refused = _ingest_batch(chunk, sinks, decoder, stats, gate)
+                refused = _ingest_batch(RecordBatch.of(chunk), sinks, decoder, stats, gate)
                 if mirror is not None:
                     capped = {s for (_, s) in (gate.paused if gate else {})}
                     mirror.update({r.stream: (r.sequence_number, r.offset) for r in chunk if r.stream not in capped})

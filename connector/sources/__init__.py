@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from connector.records import SourceRecord
 
 if TYPE_CHECKING:
+    from connector.batch import RecordBatch
     from connector.config import SourceConfig
 
 
@@ -37,6 +38,12 @@ class Source(ABC):
     @abstractmethod
     def poll(self, max_records: int) -> list[SourceRecord]:
         """Up to `max_records` records in log order per partition; [] when caught up."""
+
+    def poll_batch(self, max_records: int) -> "RecordBatch":
+        """`poll` as Arrow columns; sources that can read columns directly override it."""
+        from connector.batch import RecordBatch
+
+        return RecordBatch.of(self.poll(max_records))
 
     def commit(self, positions: Mapping[str, int]) -> None:  # noqa: B027 - optional hook
         """Mirror committed positions into the source's tooling (no-op by default)."""

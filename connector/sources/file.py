@@ -4,19 +4,37 @@ One JSON object per line: `topic`, `partition`, `offset`, `ts` (ms), `key`, `pay
 (null is a tombstone), `headers` (kcat's flat `[k, v, k, v]` list, or an object). Event
 Hubs fields are used when present: `sequence_number`, `enqueued_time` (ISO text or ms),
 `partition_key` (preferred over `key`), and `offset` as the Event Hubs offset text.
+
+`poll_batch` reads plain kcat dumps (numeric offsets and ms timestamps, string key and
+payload, no headers) with Arrow's JSON reader, without a Python object per line; from the
+first block that does not fit that shape on, it continues with the per-line reader, which
+also names the line of a malformed record.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
 
 from connector.errors import SourceError
 from connector.records import SourceRecord
 from connector.sources import Source
+
+if TYPE_CHECKING:
+    from connector.batch import RecordBatch
+
+# The plain kcat -J shape; the other fields must be absent (null) for the Arrow reader.
+_PLAIN = pa.schema([("topic", pa.string()), ("partition", pa.int64()), ("offset", pa.int64()), ("ts", pa.int64()),
+                    ("key", pa.string()), ("payload", pa.string())])
+_OTHER = pa.schema([("headers", pa.string()), ("sequence_number", pa.string()), ("enqueued_time", pa.string()),
+                    ("partition_key", pa.string())])
+_BLOCK = 8 << 20
 
 
 def _bytes(v: Any) -> bytes | None:
@@ -75,11 +93,17 @@ class FileSource(Source):
     def seek(self, positions: Mapping[str, int]) -> None:
         self._positions = dict(positions)
         self._lines = None
+        self._reader: Any = None
+        self._rest: pa.Table | None = None
+        self._mode, self._parsed = "arrow", 0  # then "lines" or "done"; lines the Arrow reader took
 
-    def _records(self) -> Iterator[SourceRecord]:
+    def _records(self, skip: int = 0) -> Iterator[SourceRecord]:
         with self.path.open("rb") as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
+                    continue
+                if skip:
+                    skip -= 1
                     continue
                 try:
                     record = parse_line(orjson.loads(line), self.default_topic)
@@ -100,6 +124,71 @@ class FileSource(Source):
             if len(out) >= max_records:
                 break
         return out
+
+    def poll_batch(self, max_records: int) -> "RecordBatch":
+        from connector.batch import RecordBatch
+
+        parts, n = [], 0
+        while self._mode == "arrow" and n < max_records:
+            block = self._rest if self._rest is not None else self._next_block()
+            self._rest = None
+            if block is None:
+                break
+            if block.num_rows > max_records - n:
+                block, self._rest = block.slice(0, max_records - n), block.slice(max_records - n)
+            parts.append(block)
+            n += block.num_rows
+        if self._mode == "lines" and n < max_records:
+            if self._lines is None:
+                self._lines = self._records(skip=self._parsed)
+            slow = RecordBatch.of(self.poll(max_records - n))
+            parts.append(slow.table)
+        return RecordBatch(pa.concat_tables(parts) if parts else RecordBatch.of([]).table)
+
+    def _next_block(self) -> pa.Table | None:
+        """The next block of records at or after the seek positions (in RECORD_SCHEMA), or
+        None at the end or when the rest of the file needs the per-line reader."""
+        from connector.batch import RECORD_SCHEMA, streams_of
+
+        try:
+            if self._reader is None:
+                self._reader = pj.open_json(self.path, read_options=pj.ReadOptions(block_size=_BLOCK),
+                                            parse_options=pj.ParseOptions(
+                                                explicit_schema=pa.unify_schemas([_PLAIN, _OTHER]),
+                                                unexpected_field_behavior="ignore"))
+            raw = self._reader.read_next_batch()
+        except StopIteration:
+            self._mode = "done"
+            return None
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            self._mode = "lines"
+            return None
+        topic = raw.column("topic")
+        if (any(raw.column(f.name).null_count < raw.num_rows for f in _OTHER) or raw.column("partition").null_count
+                or raw.column("offset").null_count or pc.any(pc.equal(topic, "")).as_py()
+                or (topic.null_count and not self.default_topic)):
+            self._mode = "lines"
+            return None
+        topic = topic.fill_null(self.default_topic) if topic.null_count else topic
+        now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
+        table = pa.Table.from_arrays([
+            topic,
+            raw.column("partition").cast(pa.int32()),
+            raw.column("offset").cast(pa.string()),
+            raw.column("offset"),
+            pc.multiply(raw.column("ts").fill_null(now_ms), 1000).cast(pa.timestamp("us")).cast(RECORD_SCHEMA.field(
+                "enqueued_time").type),
+            raw.column("key").cast(pa.binary()),
+            raw.column("payload").cast(pa.binary()),
+            pa.nulls(raw.num_rows, pa.string()),
+        ], schema=RECORD_SCHEMA)
+        self._parsed += raw.num_rows
+        if self._positions:
+            streams = streams_of(table)
+            distinct = pc.unique(streams)
+            floors = pa.array([self._positions.get(s, 0) for s in distinct.to_pylist()], pa.int64())
+            table = table.filter(pc.greater_equal(table["sequence_number"], floors.take(pc.index_in(streams, distinct))))
+        return table
 
 
 __all__ = ["FileSource", "parse_line"]

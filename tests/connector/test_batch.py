@@ -1,0 +1,150 @@
+"""Batch decode (Arrow route + per-record route) against the per-record decoder, no Spark."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import orjson
+import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from connector.batch import RecordBatch, decode_batch, log_rows
+from connector.debezium import Decoder
+from connector.records import DeadLetter, SourceRecord
+from connector.sources import file as file_source
+from connector.sources.file import FileSource
+
+NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+def reference(records: list[SourceRecord], key_fields=None):
+    """What `Decoder.decode`, one record at a time, gives: rows per table, dead letters, topic map."""
+    d = Decoder(key_fields)
+    events, letters = {}, {}
+    for r in records:
+        out = d.decode(r)
+        (letters if isinstance(out, DeadLetter) else events).setdefault(out.table, []).append(out)
+    rows = {t: normal(log_rows(e, NOW)) for t, e in events.items()}
+    dead = {t: sorted((x.record.stream, x.record.sequence_number, x.reason, x.detail) for x in v) for t, v in letters.items()}
+    return rows, dead, d._topic_tables
+
+
+def batched(records: list[SourceRecord], key_fields=None, batch=None):
+    d = Decoder(key_fields)
+    out = decode_batch(d, batch or RecordBatch.of(records), NOW)
+    rows = {t: normal(pa.concat_tables([p.table for p in parts])) for t, parts in out.events.items()}
+    dead = {t: sorted((x.record.stream, x.record.sequence_number, x.reason, x.detail) for x in v)
+            for t, v in out.letters.items()}
+    return rows, dead, d._topic_tables
+
+
+def normal(table: pa.Table) -> list[dict]:
+    """Rows in log order; after-images compared as typed values (null columns read as absent)."""
+    rows = table.to_pylist()
+    for r in rows:
+        if r["after"] is not None:
+            r["after"] = {k: (type(v).__name__, v) for k, v in orjson.loads(r["after"]).items() if v is not None}
+        if r["after_types"] is not None:
+            r["after_types"] = orjson.loads(r["after_types"])
+    return sorted(rows, key=lambda r: (r["topic"], r["partition"], r["sequence_number"]))
+
+
+def record(i: int, topic: str, key: bytes | None, value: bytes | None, partition: int = 0) -> SourceRecord:
+    return SourceRecord(topic, partition, str(i), i, NOW, key, value)
+
+
+scalars = st.one_of(
+    st.integers(-(2**63), 2**63 - 1), st.integers(2**63, 2**70), st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([5.0, -0.0, 0.5, 1e-7, 1e20]), st.booleans(), st.none(),
+    st.text(max_size=8), st.sampled_from(['say "hi"', "back\\slash", "tab\there", "é ✓ 𝄞", "2024-01-01T00:00:00Z"]),
+)
+afters = st.one_of(st.none(), st.dictionaries(st.sampled_from(["id", "name", "v", "w x", 'q"']), st.one_of(
+    scalars, st.lists(st.integers(), max_size=2), st.dictionaries(st.just("n"), st.integers(), max_size=1)),
+    max_size=4), st.fixed_dictionaries({"id": st.integers(0, 9)}, optional={  # columns that keep one kind
+    "amount": st.one_of(st.integers(-5, 5), st.floats(-5, 5)), "label": st.text(max_size=4), "flag": st.booleans()}))
+sources = st.one_of(st.none(), st.fixed_dictionaries({
+    "connector": st.sampled_from(["postgresql", "PostgreSQL", "mysql"]),
+    "table": st.sampled_from(["items", "orders", "Odd Name", "", "2024-01-01"]),
+    "lsn": st.one_of(st.integers(0, 2**40), st.none()),
+    "snapshot": st.sampled_from(["true", "false", "last", "incremental", True, False, None]),
+    "ts_ms": st.sampled_from([0, 1700000000000, None]),
+}, optional={"file": st.just("mysql-bin.000003"), "pos": st.integers(0, 999)}))
+
+
+@st.composite
+def values(draw) -> bytes | None:
+    kind = draw(st.sampled_from(["envelope"] * 8 + ["tombstone", "schema", "not-json", "pretty", "unwrapped"]))
+    if kind == "tombstone":
+        return None
+    if kind == "not-json":
+        return b"{not json"
+    doc = {"op": draw(st.sampled_from(["c", "u", "d", "r", "c", "u", "t", "x"])), "before": None,
+           "after": draw(afters), "source": draw(sources), "ts_ms": draw(st.sampled_from([1700000000001, None]))}
+    if kind == "schema":
+        doc = {"schema": {"type": "struct", "fields": []}, "payload": doc}
+    if kind == "unwrapped":
+        doc = {"id": 1, "__op": "u", "__source_table": "items", "__lsn": 7}
+    return json.dumps(doc, indent=1 if kind == "pretty" else None).encode()
+
+
+keys = st.one_of(st.none(), st.just(b"null"), st.just(b"plain-key"), st.integers(0, 5).map(lambda i: b'{"id":%d}' % i))
+
+
+@st.composite
+def batches(draw) -> list[SourceRecord]:
+    n = draw(st.integers(1, 25))
+    topics = st.sampled_from(["srv.public.items", "srv.public.orders", "srv.other.things"])
+    return [record(i, draw(topics), draw(keys), draw(values()), partition=draw(st.integers(0, 1))) for i in range(n)]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches(), st.sampled_from([None, {"orders": ["id"]}]))
+def test_batch_decode_gives_what_the_record_decoder_gives(records, key_fields):
+    assert batched(records, key_fields) == reference(records, key_fields)
+
+
+def test_real_samples_decode_alike(fixtures):
+    records = []
+    for path in sorted(fixtures.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                records.append(record(len(records), "srv.inventory." + path.stem.split("_")[1], b'{"id":1}', line.encode()))
+    assert batched(records, {"customers": ["id"]}) == reference(records, {"customers": ["id"]})
+
+
+class Counting(Decoder):
+    calls = 0
+
+    def decode(self, record):
+        Counting.calls += 1
+        return super().decode(record)
+
+
+def test_plain_postgres_events_take_the_arrow_route():
+    events = [{"op": op, "after": None if op == "d" else {"id": i, "price": 1.25, "name": f'n"{i}', "ok": True},
+               "source": {"connector": "postgresql", "table": "items", "lsn": 100 + i, "snapshot": "false"}}
+              for i, op in enumerate(["r", "c", "u", "d"])]
+    records = [record(i, "srv.public.items", b'{"id":%d}' % i, json.dumps(e).encode()) for i, e in enumerate(events)]
+    records.append(record(4, "srv.public.items", b'{"id":3}', None))  # a tombstone takes the record route
+    Counting.calls = 0
+    out = decode_batch(Counting(), RecordBatch.of(records), NOW)
+    assert Counting.calls == 1
+    assert normal(pa.concat_tables([p.table for p in out.events["items"]])) == reference(records)[0]["items"]
+
+
+def test_file_source_columns_match_the_line_reader_and_switch_mid_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(file_source, "_BLOCK", 512)  # several blocks; the plain ones go through Arrow
+    lines = [{"topic": "a.b.c", "partition": i % 2, "offset": i, "ts": 1700000000000 + i, "key": f"k{i}",
+              "payload": None if i % 5 == 0 else f'{{"op":"c","n":{i}}}', "tstype": "create"} for i in range(40)]
+    lines[30]["headers"] = ["h", "v"]  # from this block on: the line reader
+    f = tmp_path / "dump.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines[:10]) + "\n\n" + "\n".join(json.dumps(x) for x in lines[10:]))
+    columns, lines_reader = FileSource(f), FileSource(f)
+    for src in (columns, lines_reader):
+        src.seek({"a.b.c:0": 6})
+    got = [columns.poll_batch(7) for _ in range(8)]
+    assert 0 < columns._parsed < 30 and columns._mode == "lines"  # both readers were used
+    want = RecordBatch.of(lines_reader.poll(100)).table
+    assert pa.concat_tables([b.table for b in got]).to_pylist() == want.to_pylist()
