@@ -184,17 +184,23 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime) -> Decoded
     log order (the decoder's topic -> table map is learned in that order too)."""
     out = Decoded()
     value = batch.table["value"].combine_chunks()
-    candidate = pc.and_(pc.starts_with(value, "{"), pc.invert(pc.match_substring_regex(value, r"[\n\r]")))
+    line_break = pc.or_(pc.match_substring(value, "\n"), pc.match_substring(value, "\r"))
+    candidate = pc.and_(pc.starts_with(value, "{"), pc.invert(line_break))
     candidate = candidate.fill_null(False)
     topics = batch.table["topic"].combine_chunks()
-    fast = pa.repeat(pa.scalar(False), len(batch))
+    taken: list[pa.Array] = []
     learned: list[tuple[int, str, str]] = []
     for topic in pc.unique(topics.filter(candidate)).to_pylist():
         idx = pc.indices_nonzero(pc.and_(candidate, pc.equal(topics, topic))).cast(pa.int64())
         for table, rows in _fast_topic(decoder, batch, idx, now).items():
             out.events[table].append(rows)
-            fast = pc.or_(fast, _mask_of(rows.idx, len(batch)))
+            taken.append(rows.idx)
             learned.append((rows.idx[0].as_py(), topic, table))
+    for table, rows in _bare_tombstones(decoder, batch, topics, now).items():
+        out.events[table].append(rows)
+        taken.append(rows.idx)
+    fast = pc.is_in(pa.array(range(len(batch)), pa.int64()), pa.concat_arrays(taken)) if taken else \
+        pa.repeat(pa.scalar(False), len(batch))
     learned.sort()
     slow_idx = pc.indices_nonzero(pc.invert(fast)).to_pylist()
     slow: dict[str, list[tuple[int, ChangeEvent]]] = defaultdict(list)
@@ -216,8 +222,26 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime) -> Decoded
     return out
 
 
-def _mask_of(idx: pa.Array, n: int) -> pa.Array:
-    return pc.is_in(pa.array(range(n), pa.int64()), idx)
+def _bare_tombstones(decoder: Decoder, batch: RecordBatch, topics: pa.Array, now: datetime) -> dict[str, Rows]:
+    """Null-value records with a key, of topics whose table the decoder knew before this
+    batch (so their route cannot change within it)."""
+    known = decoder.topic_tables()
+    if not known:
+        return {}
+    keys = _mapped(batch.table["key"].combine_chunks(), _key_text)
+    tables = _mapped(topics, known.get)
+    ok = pc.and_(pc.and_(pc.is_null(batch.table["value"].combine_chunks()), pc.is_valid(keys)), pc.is_valid(tables))
+    out: dict[str, Rows] = {}
+    for table in pc.unique(tables.filter(ok)).to_pylist():
+        mask = pc.and_(ok, pc.equal(tables, table))
+        idx = pc.indices_nonzero(mask).cast(pa.int64())
+        n = len(idx)
+        out[table] = Rows(_with_record_columns(batch, idx, {
+            "key": keys.filter(mask), "op": pa.repeat(pa.scalar("d"), n), "snapshot": pa.repeat(pa.scalar(False), n),
+            "tombstone": pa.repeat(pa.scalar(True), n), "source_position": pa.nulls(n, pa.list_(pa.int64())),
+            "source_ts_ms": pa.nulls(n, pa.int64()), "after": pa.nulls(n, pa.string()),
+            "after_types": pa.nulls(n, pa.string())}, now), idx)
+    return out
 
 
 def _parse(values: pa.Array) -> pa.Table | None:
@@ -351,9 +375,10 @@ def _after_json(after: pa.StructArray) -> tuple[pa.Array, pa.Array, pa.Array]:
             continue
         col = pc.struct_field(after, [i])
         if f.type == pa.string():
-            bad = pc.or_kleene(bad, pc.match_substring_regex(col, r"[\x00-\x1f]").fill_null(False))
-            text = pc.binary_join_element_wise(
-                '"', pc.replace_substring(pc.replace_substring(col, "\\", "\\\\"), '"', '\\"'), '"', "")
+            if pc.any(pc.match_substring_regex(col, r'[\x00-\x1f"\\]')).as_py():  # rare: escape
+                bad = pc.or_kleene(bad, pc.match_substring_regex(col, r"[\x00-\x1f]").fill_null(False))
+                col = pc.replace_substring(pc.replace_substring(col, "\\", "\\\\"), '"', '\\"')
+            text = pc.binary_join_element_wise('"', col, '"', "")
         else:
             if f.type == pa.float64():
                 bad = pc.or_kleene(bad, pc.equal(pc.floor(col), col).fill_null(False))

@@ -219,6 +219,10 @@ class Decoder:
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             return DeadLetter(record, self._route(record.topic, None), "envelope", f"{type(e).__name__}: {e}")
 
+    def topic_tables(self) -> dict[str, str]:
+        """The topic -> table map learned so far (a copy)."""
+        return dict(self._topic_tables)
+
     def learn(self, topic: str, table: str) -> None:
         """Remember the table a topic carries (the first one seen wins; bounded)."""
         if topic not in self._topic_tables and len(self._topic_tables) < MAX_TOPICS:
