@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
+from typing import Mapping
 
 import orjson
 import pyarrow as pa
@@ -47,6 +48,14 @@ def _headers(r: SourceRecord) -> str | None:
 def streams_of(table: pa.Table) -> pa.Array:
     """`topic:partition` per row (see `records.stream_id`)."""
     return pc.binary_join_element_wise(table["topic"], table["partition"].cast(pa.string()), ":").combine_chunks()
+
+
+def at_or_after(table: pa.Table, floors: Mapping[str, int]) -> pa.Array:
+    """Per row: its sequence number is at or after its stream's floor (0 if not in `floors`)."""
+    streams = streams_of(table)
+    distinct = pc.unique(streams)
+    floor = pa.array([floors.get(s, 0) for s in distinct.to_pylist()], pa.int64()).take(pc.index_in(streams, distinct))
+    return pc.greater_equal(table["sequence_number"], floor)
 
 
 class RecordBatch:

@@ -24,7 +24,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
-from connector.batch import RecordBatch, Rows, dead_letter_rows, decode_batch, streams_of
+from connector.batch import RecordBatch, Rows, at_or_after, dead_letter_rows, decode_batch, streams_of
 from connector.debezium import Decoder
 from connector.records import DeadLetter, SourceRecord
 from connector.sources import Source
@@ -189,14 +189,6 @@ def _per_stream(rows: pa.Table, **aggregates: tuple[str, str]) -> dict[str, dict
     return {s: {name: cols[name][i] for name in aggregates} for i, s in enumerate(grouped["_stream"].to_pylist())}
 
 
-def _from(rows: pa.Table, floors: Mapping[str, int]) -> pa.Array:
-    """Per row: at or after its stream's floor (0 for streams not in `floors`)."""
-    streams = streams_of(rows)
-    distinct = pc.unique(streams)
-    floor = pa.array([floors.get(s, 0) for s in distinct.to_pylist()], pa.int64()).take(pc.index_in(streams, distinct))
-    return pc.greater_equal(rows["sequence_number"], floor)
-
-
 def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: IngestStats,
                   gate: "QuotaGate | None" = None) -> list:
     """Commits one batch to every table it touches; returns the quota refusals."""
@@ -230,7 +222,7 @@ def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: Ing
     for table, rows in events.items():
         name = table + LOG_SUFFIX
         sinks.get(name, LOG_SCHEMA)
-        fresh = rows.table.filter(_from(rows.table, sinks.positions[name]))
+        fresh = rows.table.filter(at_or_after(rows.table, sinks.positions[name]))
         stats.duplicates += rows.table.num_rows - fresh.num_rows
         if gate is not None:
             incoming = _per_stream(fresh, bytes=("payload_bytes", "sum"), first=("sequence_number", "min"))

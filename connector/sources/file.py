@@ -87,12 +87,11 @@ class FileSource(Source):
         if not self.path.is_file():
             raise SourceError(f"source.path: no such file {str(self.path)!r}; give a kcat -J dump (JSON lines)")
         self.default_topic = default_topic
-        self._positions: dict[str, int] = {}
-        self._lines: Iterator[SourceRecord] | None = None
+        self.seek({})
 
     def seek(self, positions: Mapping[str, int]) -> None:
         self._positions = dict(positions)
-        self._lines = None
+        self._lines: Iterator[SourceRecord] | None = None
         self._reader: Any = None
         self._rest: pa.Table | None = None
         self._mode, self._parsed = "arrow", 0  # then "lines" or "done"; lines the Arrow reader took
@@ -148,7 +147,7 @@ class FileSource(Source):
     def _next_block(self) -> pa.Table | None:
         """The next block of records at or after the seek positions (in RECORD_SCHEMA), or
         None at the end or when the rest of the file needs the per-line reader."""
-        from connector.batch import RECORD_SCHEMA, streams_of
+        from connector.batch import RECORD_SCHEMA, at_or_after
 
         try:
             if self._reader is None:
@@ -183,12 +182,7 @@ class FileSource(Source):
             pa.nulls(raw.num_rows, pa.string()),
         ], schema=RECORD_SCHEMA)
         self._parsed += raw.num_rows
-        if self._positions:
-            streams = streams_of(table)
-            distinct = pc.unique(streams)
-            floors = pa.array([self._positions.get(s, 0) for s in distinct.to_pylist()], pa.int64())
-            table = table.filter(pc.greater_equal(table["sequence_number"], floors.take(pc.index_in(streams, distinct))))
-        return table
+        return table.filter(at_or_after(table, self._positions)) if self._positions else table
 
 
 __all__ = ["FileSource", "parse_line"]

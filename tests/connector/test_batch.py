@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 
 import orjson
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -146,17 +147,22 @@ def test_plain_postgres_events_take_the_arrow_route():
     assert normal(pa.concat_tables(got)) == reference(records)[0]["items"]
 
 
-def test_file_source_columns_match_the_line_reader_and_switch_mid_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("odd, switches", [
+    ({"headers": ["h", "v"]}, True), ({"sequence_number": 30, "partition_key": "pk"}, True),
+    ({"enqueued_time": "2024-05-01T10:00:00Z"}, True), ({"offset": "30"}, True), ({"key": {"id": 30}}, True),
+    ({"topic": ""}, True), ({"topic": None}, False),  # a missing topic is source.topic's on both routes
+])
+def test_file_source_columns_match_the_line_reader_and_switch_mid_file(tmp_path, monkeypatch, odd, switches):
     monkeypatch.setattr(file_source, "_BLOCK", 512)  # several blocks; the plain ones go through Arrow
     lines = [{"topic": "a.b.c", "partition": i % 2, "offset": i, "ts": 1700000000000 + i, "key": f"k{i}",
               "payload": None if i % 5 == 0 else f'{{"op":"c","n":{i}}}', "tstype": "create"} for i in range(40)]
-    lines[30]["headers"] = ["h", "v"]  # from this block on: the line reader
+    lines[30].update(odd)  # from this line's block on: the line reader
     f = tmp_path / "dump.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in lines[:10]) + "\n\n" + "\n".join(json.dumps(x) for x in lines[10:]))
-    columns, lines_reader = FileSource(f), FileSource(f)
+    columns, lines_reader = FileSource(f, default_topic="a.b.c"), FileSource(f, default_topic="a.b.c")
     for src in (columns, lines_reader):
         src.seek({"a.b.c:0": 6})
     got = [columns.poll_batch(7) for _ in range(8)]
-    assert 0 < columns._parsed < 30 and columns._mode == "lines"  # both readers were used
+    assert columns._parsed >= 30 - 10 and (columns._mode == "lines") == switches
     want = RecordBatch.of(lines_reader.poll(100)).table
     assert pa.concat_tables([b.table for b in got]).to_pylist() == want.to_pylist()
