@@ -30,9 +30,9 @@ from connector.ordering import SNAPSHOT_MARKERS
 from connector.records import ChangeEvent, DeadLetter, SourceRecord
 from iceberg.layouts import DEAD_LETTER_SCHEMA, LOG_SCHEMA, UTC_TS
 
-RECORD_SCHEMA = pa.schema([LOG_SCHEMA.field(n) for n in (
-    "topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value", "headers")]).set(
-    5, pa.field("key", pa.binary()))
+# A source's records as columns: the log's own types, the key as the raw bytes.
+RECORD_SCHEMA = pa.schema([pa.field("key", pa.binary()) if n == "key" else LOG_SCHEMA.field(n) for n in (
+    "topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value", "headers")])
 FAST_OPS = pa.array(["c", "u", "d", "r"])
 _SPARK_TYPES = {pa.int64(): "bigint", pa.float64(): "double", pa.bool_(): "boolean", pa.string(): "string"}
 _SCALARS = (pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.null())
@@ -118,7 +118,7 @@ def _header_pairs(text: str | None) -> tuple[tuple[str, bytes | None], ...]:
 
 @dataclass
 class Rows:
-    """Log or dead-letter rows of one table, and the batch rows (`idx`) they came from."""
+    """Log rows of one table, and the batch rows (`idx`) they came from."""
 
     table: pa.Table
     idx: pa.Array
@@ -237,13 +237,14 @@ def _bare_tombstones(decoder: Decoder, batch: RecordBatch, topics: pa.Array, now
     known = decoder.topic_tables()
     if not known:
         return {}
-    keys = _mapped(batch.table["key"].combine_chunks(), _key_text)
-    tables = _mapped(topics, known.get)
-    ok = pc.and_(pc.and_(pc.is_null(batch.table["value"].combine_chunks()), pc.is_valid(keys)), pc.is_valid(tables))
+    bare = pc.indices_nonzero(pc.is_null(batch.table["value"].combine_chunks())).cast(pa.int64())
+    tables = _mapped(topics.take(bare), known.get)
+    keys = _mapped(batch.table["key"].take(bare).combine_chunks(), _key_text)
+    ok = pc.and_(pc.is_valid(keys), pc.is_valid(tables))
     out: dict[str, Rows] = {}
     for table in pc.unique(tables.filter(ok)).to_pylist():
         mask = pc.and_(ok, pc.equal(tables, table))
-        idx = pc.indices_nonzero(mask).cast(pa.int64())
+        idx = bare.filter(mask)
         n = len(idx)
         out[table] = Rows(_with_record_columns(batch, idx, {
             "key": keys.filter(mask), "op": pa.repeat(pa.scalar("d"), n), "snapshot": pa.repeat(pa.scalar(False), n),
