@@ -239,7 +239,7 @@ def _bare_tombstones(decoder: Decoder, batch: RecordBatch, topics: pa.Array, now
         return {}
     bare = pc.indices_nonzero(pc.is_null(batch.table["value"].combine_chunks())).cast(pa.int64())
     tables = _mapped(topics.take(bare), known.get)
-    keys = _mapped(batch.table["key"].take(bare).combine_chunks(), _key_text)
+    keys = _key_texts(batch.table["key"].take(bare).combine_chunks())
     ok = pc.and_(pc.is_valid(keys), pc.is_valid(tables))
     out: dict[str, Rows] = {}
     for table in pc.unique(tables.filter(ok)).to_pylist():
@@ -327,7 +327,7 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
 
     is_d = pc.equal(op, "d")
     after_text, types_text, bad = _after_json(after)
-    keys = _mapped(batch.table["key"].take(idx).combine_chunks(), _key_text)
+    keys = _key_texts(batch.table["key"].take(idx).combine_chunks())
     tables = _mapped(table_text, _table_or_none)
     ok = pc.and_kleene(pc.is_in(op, FAST_OPS), pc.is_valid(source))
     for cond in (pc.equal(pc.utf8_lower(connector), "postgresql"), pc.is_valid(lsn), pc.is_valid(tables),
@@ -357,6 +357,33 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
         out[table] = Rows(_with_record_columns(batch, taken, {c: a.filter(mask) for c, a in columns.items()}, now),
                           taken)
     return out
+
+
+def _key_texts(keys: pa.Array) -> pa.Array:
+    """`_key_text` of every key: JSON objects of non-null ints, strings and booleans as
+    sorted compact JSON built by Arrow; any other key one distinct value at a time."""
+    n = len(keys)
+    line_break = pc.or_(pc.match_substring(keys, "\n"), pc.match_substring(keys, "\r"))
+    cand = pc.and_(pc.starts_with(keys, "{"), pc.invert(line_break)).fill_null(False)
+    ok = pa.repeat(pa.scalar(False), n)
+    texts = pa.nulls(n, pa.string())
+    if pc.any(cand).as_py():
+        idx = pc.indices_nonzero(cand)
+        t = _parse(keys.filter(cand))
+        if (t is not None and t.num_columns and "payload" not in t.schema.names
+                and all(f.type in (pa.int64(), pa.string(), pa.bool_()) for f in t.schema)):
+            struct = pa.StructArray.from_arrays([c.combine_chunks() for c in t.columns], names=t.schema.names)
+            text, _, bad = _after_json(struct)
+            good = pc.invert(bad)
+            for c in t.columns:  # a null field is kept by the canonical form, left out by Arrow's
+                good = pc.and_(good, pc.is_valid(c.combine_chunks()))
+            fast = idx.filter(good)
+            ok = pc.is_in(pa.array(range(n), pa.uint64()), fast)
+            texts = pc.replace_with_mask(texts, ok, text.filter(good))
+    rest = pc.invert(ok)
+    if pc.any(rest).as_py():
+        texts = pc.replace_with_mask(texts, rest, _mapped(keys.filter(rest), _key_text))
+    return texts
 
 
 def _mapped(values: pa.Array, fn) -> pa.Array:

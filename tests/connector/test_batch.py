@@ -97,7 +97,11 @@ def values(draw) -> bytes | None:
     return json.dumps(doc, indent=1 if kind == "pretty" else None).encode()
 
 
-keys = st.one_of(st.none(), st.just(b"null"), st.just(b"plain-key"), st.integers(0, 5).map(lambda i: b'{"id":%d}' % i))
+keys = st.one_of(st.none(), st.just(b"null"), st.just(b"plain-key"), st.integers(0, 5).map(lambda i: b'{"id":%d}' % i),
+                 st.dictionaries(st.sampled_from(["z", "id", "a b"]), st.one_of(
+                     st.integers(-3, 3), st.text(max_size=3), st.booleans(), st.none(), st.floats(0, 2),
+                     st.lists(st.integers(), max_size=1)), min_size=1, max_size=3).map(lambda d: json.dumps(d).encode()),
+                 st.just(b'{"schema":{"type":"int32"},"payload":7}'), st.just(b'{"id": 1 }'))
 
 
 @st.composite
@@ -166,3 +170,17 @@ def test_file_source_columns_match_the_line_reader_and_switch_mid_file(tmp_path,
     assert columns._parsed >= 30 - 10 and (columns._mode == "lines") == switches
     want = RecordBatch.of(lines_reader.poll(100)).table
     assert pa.concat_tables([b.table for b in got]).to_pylist() == want.to_pylist()
+
+
+key_docs = st.dictionaries(st.sampled_from(["z", "id", "a b", 'q"']), st.one_of(
+    st.integers(-(2**63), 2**63 - 1), st.text(max_size=4), st.booleans(), st.none()), min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(key_docs.map(lambda d: json.dumps(d).encode()), st.sampled_from(
+    [b"plain", b"null", b'{"schema":{},"payload":{"id":1}}', b'{"id": 1 }', b"{oops"])), min_size=1, max_size=12))
+def test_key_texts_are_the_canonical_key_texts(raw_keys):
+    from connector.batch import _key_texts
+    from connector.debezium import _key_text
+
+    assert _key_texts(pa.array(raw_keys, pa.binary())).to_pylist() == [_key_text(k) for k in raw_keys]
