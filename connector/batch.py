@@ -173,29 +173,30 @@ def log_rows(events: list[ChangeEvent], now: datetime) -> pa.Table:
 
 
 def dead_letter_rows(letters: list[DeadLetter], now: datetime) -> pa.Table:
-    recs = [d.record for d in letters]
-    return pa.Table.from_pydict({
-        "topic": [r.topic for r in recs],
-        "partition": [r.partition for r in recs],
-        "offset": [r.offset for r in recs],
-        "sequence_number": [r.sequence_number for r in recs],
-        "enqueued_time": [r.enqueued_time for r in recs],
-        "key": [r.key for r in recs],
-        "value": [r.value for r in recs],
-        "reason": [d.reason for d in letters],
-        "detail": [d.detail for d in letters],
-        "ingested_at": [now] * len(recs),
-    }, schema=DEAD_LETTER_SCHEMA)
+    own = RecordBatch.of([d.record for d in letters]).table
+    columns = {n: own[n] for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value")}
+    columns["reason"] = pa.array([d.reason for d in letters], pa.string())
+    columns["detail"] = pa.array([d.detail for d in letters], pa.string())
+    columns["ingested_at"] = pa.repeat(pa.scalar(now, UTC_TS), len(letters))
+    return pa.Table.from_arrays([columns[n] for n in DEAD_LETTER_SCHEMA.names], schema=DEAD_LETTER_SCHEMA)
+
+
+def _json_objects(values: pa.Array) -> pa.Array:
+    """Per value: it may be one JSON object on one line (what `_parse` takes)."""
+    line_break = pc.or_(pc.match_substring(values, "\n"), pc.match_substring(values, "\r"))
+    return pc.and_(pc.starts_with(values, "{"), pc.invert(line_break)).fill_null(False)
+
+
+def _mask(n: int, idx: pa.Array) -> pa.Array:
+    """A length-n mask, true at the positions `idx`."""
+    return pc.is_in(pa.array(range(n), idx.type), idx)
 
 
 def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime) -> Decoded:
     """Log rows per table and dead letters, exactly as `decoder.decode` would give them in
     log order (the decoder's topic -> table map is learned in that order too)."""
     out = Decoded()
-    value = batch.table["value"].combine_chunks()
-    line_break = pc.or_(pc.match_substring(value, "\n"), pc.match_substring(value, "\r"))
-    candidate = pc.and_(pc.starts_with(value, "{"), pc.invert(line_break))
-    candidate = candidate.fill_null(False)
+    candidate = _json_objects(batch.table["value"].combine_chunks())
     topics = batch.table["topic"].combine_chunks()
     taken: list[pa.Array] = []
     learned: list[tuple[int, str, str]] = []
@@ -208,8 +209,7 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime) -> Decoded
     for table, rows in _bare_tombstones(decoder, batch, topics, now).items():
         out.events[table].append(rows)
         taken.append(rows.idx)
-    fast = pc.is_in(pa.array(range(len(batch)), pa.int64()), pa.concat_arrays(taken)) if taken else \
-        pa.repeat(pa.scalar(False), len(batch))
+    fast = _mask(len(batch), pa.concat_arrays(taken)) if taken else pa.repeat(pa.scalar(False), len(batch))
     learned.sort()
     slow_idx = pc.indices_nonzero(pc.invert(fast)).to_pylist()
     slow: dict[str, list[tuple[int, ChangeEvent]]] = defaultdict(list)
@@ -363,8 +363,7 @@ def _key_texts(keys: pa.Array) -> pa.Array:
     """`_key_text` of every key: JSON objects of non-null ints, strings and booleans as
     sorted compact JSON built by Arrow; any other key one distinct value at a time."""
     n = len(keys)
-    line_break = pc.or_(pc.match_substring(keys, "\n"), pc.match_substring(keys, "\r"))
-    cand = pc.and_(pc.starts_with(keys, "{"), pc.invert(line_break)).fill_null(False)
+    cand = _json_objects(keys)
     ok = pa.repeat(pa.scalar(False), n)
     texts = pa.nulls(n, pa.string())
     if pc.any(cand).as_py():
@@ -377,8 +376,7 @@ def _key_texts(keys: pa.Array) -> pa.Array:
             good = pc.invert(bad)
             for c in t.columns:  # a null field is kept by the canonical form, left out by Arrow's
                 good = pc.and_(good, pc.is_valid(c.combine_chunks()))
-            fast = idx.filter(good)
-            ok = pc.is_in(pa.array(range(n), pa.uint64()), fast)
+            ok = _mask(n, idx.filter(good))
             texts = pc.replace_with_mask(texts, ok, text.filter(good))
     rest = pc.invert(ok)
     if pc.any(rest).as_py():
