@@ -224,6 +224,7 @@ def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: Ing
         sinks.get(name, LOG_SCHEMA)
         fresh = rows.table.filter(at_or_after(rows.table, sinks.positions[name]))
         stats.duplicates += rows.table.num_rows - fresh.num_rows
+        caps: dict[str, int] = {}
         if gate is not None:
             incoming = _per_stream(fresh, bytes=("payload_bytes", "sum"), first=("sequence_number", "min"))
             new = gate.admit(table, {s: (v["bytes"], v["first"]) for s, v in incoming.items()})
@@ -233,12 +234,13 @@ def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: Ing
             caps = _caps(gate, name)
             if caps:
                 fresh = fresh.filter(pc.invert(pc.is_in(streams_of(fresh), pa.array(sorted(caps), pa.string()))))
-        sinks.commit(name, fresh, {**batch_positions, **_caps(gate, name)})
+        sinks.commit(name, fresh, {**batch_positions, **caps})
         stats.accepted[table] += fresh.num_rows
         EVENTS.labels(table).inc(fresh.num_rows)
-        if gate is not None:
-            for stream, v in _per_stream(fresh, bytes=("payload_bytes", "sum")).items():
-                gate.record(table, stream, v["bytes"])
+        if gate is not None:  # what was committed: the intake of the streams not capped
+            for stream, v in incoming.items():
+                if stream not in caps:
+                    gate.record(table, stream, v["bytes"])
     stats.records += len(batch)
     stats.batches += 1
     stats.positions = batch_positions
