@@ -6,6 +6,7 @@ the round plus the rows already held for the same keys (state or tombstone, `_he
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
@@ -99,4 +100,155 @@ def resolve(winners: DataFrame, truncate: dict[str, Any] | None, ordering: Order
         changed = changed.withColumn(col, F.when(truncated, value).otherwise(F.col(col)))
     return changed.withColumn(
         "_action", F.when(truncated | is_delete, F.lit("delete")).otherwise(F.lit("upsert"))
+    )
+
+
+# --- The packed route: the ordering rule as one 64-bit integer per candidate -------------
+#
+# Sorting every candidate by key (the window of `rank`, then `latest_per_key`) is most of a
+# round's time. When the round's positions, partitions and sequence numbers fit in 63 bits
+# together (PostgreSQL's one-number LSN, say, with the round's sequence range), the order key
+# of `connector.ordering` becomes one long and the newest change per key a hash aggregation
+# of longs (no sort, partial aggregation before the shuffle). Keys the packed route cannot
+# settle by aggregation alone (a held or snapshot row without a position, or events that may be older
+# than the held row: stale events, which are counted and logged one by one) go through the
+# general route; a round that does not fit goes through it whole.
+
+MAX_POSITION = 8  # position elements the packed route compares (SQL Server positions have 7)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Bit layout of the packed order key `(position, rank, partition, sequence number)`.
+
+    Each position element is stored relative to the round's minimum in just enough bits;
+    positions must all have one length (a shorter tuple orders before its extensions, which
+    fixed fields cannot express). The sequence number is stored relative to the round's first.
+    """
+
+    position_mins: tuple[int, ...]
+    position_bits: tuple[int, ...]
+    max_partition: int
+    seq_min: int
+    seq_span: int
+
+    @classmethod
+    def of(cls, bounds: dict[str, Any]) -> "Packing | None":
+        """The layout for a round's bounds, or None when the round does not fit in 63 bits."""
+        if bounds["part_min"] is None or bounds["part_min"] < 0:
+            return None
+        sizes = bounds["size_min"], bounds["size_max"]
+        if sizes[0] != sizes[1] or (sizes[1] or 0) > MAX_POSITION:
+            return None
+        n = sizes[1] or 0
+        mins = tuple(bounds[f"lo{i}"] for i in range(n))
+        bits = tuple((bounds[f"hi{i}"] - lo).bit_length() for i, lo in enumerate(mins))
+        packing = cls(mins, bits, bounds["part_max"], bounds["seq_min"], bounds["seq_max"] - bounds["seq_min"])
+        return packing if packing.position_shift + sum(bits) <= 63 else None
+
+    @property
+    def seq_bits(self) -> int:
+        return self.seq_span.bit_length()
+
+    @property
+    def rank_shift(self) -> int:
+        return self.max_partition.bit_length() + self.seq_bits
+
+    @property
+    def position_shift(self) -> int:
+        return self.rank_shift + 1
+
+    def _element_shifts(self) -> list[int]:
+        return [sum(self.position_bits[i + 1:]) for i in range(len(self.position_bits))]
+
+    def pack(self, position: tuple[int, ...], rank: int, partition: int, seq: int) -> int:
+        """The Python twin of the Spark expressions below (for tests)."""
+        pk = sum((p - lo) << s for p, lo, s in zip(position, self.position_mins, self._element_shifts()))
+        return (pk << self.position_shift) + (rank << self.rank_shift) + self.log_key(partition, seq)
+
+    def log_key(self, partition: int, seq: int) -> int:
+        return (partition << self.seq_bits) + (seq - self.seq_min)
+
+    # Spark expressions
+    def position_key(self, position: Column) -> Column:
+        pk = F.lit(0).cast("bigint")
+        for i, (lo, s) in enumerate(zip(self.position_mins, self._element_shifts())):
+            pk = pk + F.shiftleft(F.get(position, i) - F.lit(lo), s)
+        return pk
+
+    def position_of(self, pk: Column) -> Column:
+        """The position array back from its packed key."""
+        return F.array(*[F.lit(lo) + F.shiftright(pk, s).bitwiseAND(F.lit((1 << b) - 1))
+                         for lo, s, b in zip(self.position_mins, self._element_shifts(), self.position_bits)]
+                       ).cast(POSITION_TYPE)
+
+    def log_key_col(self, partition: Column, seq: Column) -> Column:
+        return F.shiftleft(partition.cast("bigint"), self.seq_bits) + (seq - F.lit(self.seq_min))
+
+
+def bounds_columns(position: Column, partition: Column, seq: Column) -> list[Column]:
+    """Aggregates over a frame of candidates whose first row gives `Packing.of` its bounds."""
+    size = F.when(position.isNotNull(), F.size(position))
+    return [F.min(size).alias("size_min"), F.max(size).alias("size_max"),
+            F.min(partition).alias("part_min"), F.max(partition).alias("part_max"),
+            F.min(seq).alias("seq_min"), F.max(seq).alias("seq_max"),
+            *[agg(F.get(position, i)).alias(f"{name}{i}") for i in range(MAX_POSITION)
+              for agg, name in ((F.min, "lo"), (F.max, "hi"))]]
+
+
+def packed_latest(candidates: DataFrame, packing: Packing, ordering: Ordering) -> DataFrame:
+    """Per key, the newest candidate by the ordering rule, by hash aggregation over longs.
+
+    Returns `_key`, `_irregular` (the key needs the general route), and for the others the
+    winner: `_win_held`, `_partition_id`, `_sequence_number`, and `_carried` (the position a
+    winning position-less candidate takes, else null).
+
+    Why one aggregation suffices: position-less candidates (bare tombstones) take the highest
+    position before them in log order, so only the last one in log order can win (a held or
+    snapshot one makes the key irregular), and it
+    takes the key's highest position P exactly when it comes after the first candidate that
+    has P (the `first` aggregate); then it wins when its (rank 1, partition, sequence number)
+    beats the positioned winner's.
+    """
+    held, pos = F.col("_held"), F.col("_source_position")
+    seq, part = F.col("_sequence_number"), F.col("_partition_id")
+    if ordering == "log":
+        has_p, pk, rank_bit = F.lit(True), F.lit(0).cast("bigint"), F.lit(1).cast("bigint")
+    else:
+        has_p, pk = pos.isNotNull(), packing.position_key(pos)
+        rank_bit = F.when(F.col("_snapshot"), F.lit(0)).otherwise(F.lit(1)).cast("bigint")
+    ps, rs, sb = packing.position_shift, packing.rank_shift, packing.seq_bits
+    log_key = packing.log_key_col(part, seq)
+    order = F.when(has_p, F.shiftleft(pk, ps) + F.shiftleft(rank_bit, rs) + log_key)
+    # the highest position, then the earliest in log order (held first): `first`
+    backwards = packing.log_key_col(F.lit(packing.max_partition) - part,
+                                    F.lit(2 * packing.seq_min + packing.seq_span) - seq)  # reversed log key
+    earliest = F.when(has_p, F.shiftleft(pk, ps) + F.shiftleft(held.cast("bigint"), rs) + backwards)
+    new_bare, new_positioned = ~held & ~has_p, ~held & has_p
+    agg = candidates.groupBy("_key").agg(
+        F.max(order).alias("o_w"), F.max(earliest).alias("first"),
+        F.max(F.when(new_bare, log_key)).alias("bare"), F.min(F.when(new_bare, log_key)).alias("bare_min"),
+        F.max(~has_p & (held | (rank_bit == 0))).alias("odd_bare"), F.max(F.when(held & has_p, order)).alias("o_h"),
+        F.min(F.when(new_positioned, order)).alias("o_min"),
+    )
+    low = F.lit((1 << ps) - 1)
+    log_mask = F.lit((1 << rs) - 1)
+    o_w, first, bare, o_h = F.col("o_w"), F.col("first"), F.col("bare"), F.col("o_h")
+    # `first` in log order: (not held, partition, sequence number), like a bare candidate's
+    first_held = F.shiftright(first, rs).bitwiseAND(F.lit(1))
+    first_log = (F.shiftleft(F.lit(1) - first_held, rs)
+                 + F.lit(packing.log_key(packing.max_partition, packing.seq_min + packing.seq_span))
+                 - first.bitwiseAND(log_mask))
+    bare_order = F.shiftleft(F.lit(1).cast("bigint"), rs) + bare  # rank 1, log key
+    bare_wins = bare.isNotNull() & (o_w.isNull() | ((bare_order > first_log) & (bare_order > o_w.bitwiseAND(low))))
+    stale_possible = o_h.isNotNull() & (F.coalesce(F.col("o_min") < o_h, F.lit(False))
+                                        | F.coalesce(F.col("bare_min") < o_h.bitwiseAND(log_mask), F.lit(False)))
+    win = F.when(bare_wins, bare).otherwise(o_w.bitwiseAND(log_mask))
+    return agg.select(
+        "_key",
+        (F.col("odd_bare") | stale_possible).alias("_irregular"),
+        (~bare_wins & o_h.isNotNull() & (o_h == o_w)).alias("_win_held"),
+        F.shiftright(win, sb).cast("int").alias("_partition_id"),
+        (win.bitwiseAND(F.lit((1 << sb) - 1)) + F.lit(packing.seq_min)).alias("_sequence_number"),
+        F.when(bare_wins & o_w.isNotNull(), packing.position_of(F.shiftright(o_w, ps))).alias("_carried"),
     )

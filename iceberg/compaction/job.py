@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from functools import reduce
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
@@ -69,6 +70,9 @@ def range_filter(ranges: list[CleanRange]) -> str:
 # round carry narrow rows whatever the payload width.
 _PAYLOAD = ("after", "after_types")
 _EVENT_ID = ["_topic", "_partition_id", "_sequence_number"]
+_WINNER_ID = ["_key", "_partition_id", "_sequence_number"]
+# log column names of the candidate columns that are not just the name without its underscore
+_LOG_NAMES = {"_partition_id": "partition", "_source_ts": "source_ts_ms"}
 _NARROW = ["key", "topic", "partition", "offset", "sequence_number", "enqueued_time", "op", "snapshot",
            "source_ts_ms", "source_position", "payload_bytes"]
 
@@ -95,6 +99,59 @@ def _with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> Data
     joined = winners.join(payload, _EVENT_ID, "left")
     return joined.select(*[F.when(~F.col("_held"), F.col("_l" + c)).alias(c) if c[1:] in _PAYLOAD else F.col(c)
                            for c in winners.columns])
+
+
+def _packing(events: DataFrame, held_rows: DataFrame | None, ordering: str) -> dedupe.Packing | None:
+    """The packed layout for this round's candidates, or None (the general route)."""
+    frame = events if held_rows is None else events.unionByName(held_rows)
+    pos = F.col("_source_position") if ordering == "source" else F.lit(None).cast(dedupe.POSITION_TYPE)
+    bounds = frame.agg(*dedupe.bounds_columns(pos, F.col("_partition_id"), F.col("_sequence_number"))).first()
+    return dedupe.Packing.of(bounds.asDict())
+
+
+def _general(candidates: DataFrame, dirty: DataFrame, ordering: str) -> tuple[DataFrame, DataFrame, int, int]:
+    """The general route: the ordering rule's window and sort (winners with their payload)."""
+    ranked = dedupe.rank(candidates, ordering)
+    winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
+    totals = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
+    winners = _with_payload(winners, dirty, broadcast=totals["n"] <= BROADCAST_WINNERS)
+    return winners, ranked, totals["n"], totals["stale"] or 0
+
+
+def _winners(candidates: DataFrame, held_rows: DataFrame | None, dirty: DataFrame, packing: dedupe.Packing | None,
+             ordering: str, multi_topic: bool, step: "_Steps") -> tuple[DataFrame, DataFrame | None, int, int]:
+    """The newest candidate per key with its payload, the ranked candidates of the general
+    route (for the stale-event log), the number of keys and of stale events."""
+    if packing is None:
+        step("general route (no packed order key for this round)")
+        return _general(candidates, dirty, ordering)
+    per_key = dedupe.packed_latest(candidates, packing, ordering).localCheckpoint(eager=True)
+    counts = per_key.groupBy().agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_irregular").cast("int")).alias("irr"),
+                                   F.sum((~F.col("_irregular") & ~F.col("_win_held")).cast("int")).alias("new")
+                                   ).first()
+    step(f"dedupe of {counts['n']:,} keys (packed order key)")
+    regular = per_key.where(~F.col("_irregular"))
+    new = regular.where(~F.col("_win_held")).select(_WINNER_ID + ["_carried"])
+    log = dirty.where(F.col("op") != "t").select(
+        *[F.col(_LOG_NAMES.get(c, c[1:])).alias(c) for c in dedupe.CANDIDATE_COLUMNS if c != "_held"])
+    got = log.join(F.broadcast(new) if (counts["new"] or 0) <= BROADCAST_WINNERS else new, _WINNER_ID)
+    got = got.withColumn("_source_position", F.coalesce(F.col("_carried"), F.col("_source_position")))
+    got = got.withColumn("_held", F.lit(False))
+    if multi_topic:  # two topics may hold the same (key, partition, sequence number): keep one
+        got = got.dropDuplicates(["_key"])
+    winners = got.select(*dedupe.CANDIDATE_COLUMNS)
+    if held_rows is not None:
+        kept = held_rows.join(regular.where(F.col("_win_held")).select("_key"), "_key", "left_semi")
+        winners = winners.unionByName(kept.select(*dedupe.CANDIDATE_COLUMNS))
+    winners = winners.withColumn("_o", dedupe.order_struct(
+        F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering)
+    ).withColumn("_stale", F.lit(0).cast("bigint"))
+    if not counts["irr"]:
+        return winners, None, counts["n"], 0
+    irregular = per_key.where(F.col("_irregular")).select("_key")
+    irregular = F.broadcast(irregular) if counts["irr"] <= BROADCAST_WINNERS else irregular
+    general, ranked, _, stale = _general(candidates.join(irregular, "_key", "left_semi"), dirty, ordering)
+    return winners.unionByName(general), ranked, counts["n"], stale
 
 
 def _held(table: DataFrame, op: str | None) -> DataFrame:
@@ -187,29 +244,31 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     truncate, report.truncates = _newest_truncate(narrow, policy.ordering)
     step(f"read {report.events:,} dirty events")
     events = _log_candidates(narrow)
-    candidates = events
     held = [(t, op) for t, op in ((names.state, None), (names.tombstones, "d")) if _has_rows(catalog, t)]
+    held_rows = None
     if held:  # rows already held for the round's keys (a first round has none: no joins at all)
         keys = events.select("_key").distinct()
+        frames = []
         for name, op in held:
             rows = spark.table(names.spark(name))
             if not (truncate is not None and op is None):  # a truncate looks at every held state row
                 rows = rows.join(keys, "_key", "left_semi")
-            candidates = candidates.unionByName(_held(rows, op))
+            frames.append(_held(rows, op))
+        held_rows = reduce(DataFrame.unionByName, frames).localCheckpoint(eager=True)
+    candidates = events if held_rows is None else events.unionByName(held_rows)
+    step("held rows")
     # 3. newest per key, truncates
-    ranked = dedupe.rank(candidates, policy.ordering)
-    winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
-    totals = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
-    report.keys, report.stale = totals["n"], totals["stale"] or 0
-    step("dedupe")
-    winners = _with_payload(winners, dirty, broadcast=report.keys <= BROADCAST_WINNERS)
+    packing = _packing(events, held_rows, policy.ordering) if policy.packed else None
+    multi_topic = len({r.topic for r in report.ranges}) > 1
+    winners, ranked, report.keys, report.stale = _winners(candidates, held_rows, dirty, packing, policy.ordering,
+                                                          multi_topic, step)
     changes = dedupe.resolve(winners, truncate, policy.ordering).localCheckpoint(eager=True)
     step("payload of the winners")
     counts = changes.groupBy().agg(
         F.count(F.lit(1)).alias("n"), F.sum((F.col("_action") == "upsert").cast("int")).alias("up"),
     ).first()
     report.upserts, report.deletes = counts["up"] or 0, (counts["n"] or 0) - (counts["up"] or 0)
-    if report.stale:
+    if report.stale and ranked is not None:
         for r in ranked.where("_stale").orderBy("_partition_id", "_sequence_number").limit(10).collect():
             log.warning("%s: stale event ignored: key %s partition %s offset %s (position %s) is older than the "
                         "held row", names.state, r["_key"], r["_partition_id"], r["_offset"], r["_source_position"])

@@ -22,6 +22,7 @@ class CompactionPolicy:
     min_compaction_lag: timedelta = timedelta(0)
     max_compaction_lag: timedelta | None = None
     tombstone_retention: timedelta = timedelta(hours=24)
+    packed: bool = True  # the packed order key where a round fits (False: always the general route)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,8 +33,10 @@ def names(settings: Settings, table: str) -> TableNames:
     return TableNames(settings.catalog.name, settings.catalog.namespace, table)
 
 
-def compact_table(spark, settings: Settings, table: str, now: datetime = NOW, force: bool = True):
-    return compact(spark, load_catalog(settings), names(settings, table), policy_of(settings), now, force)
+def compact_table(spark, settings: Settings, table: str, now: datetime = NOW, force: bool = True,
+                  packed: bool = True):
+    policy = dataclasses.replace(policy_of(settings), packed=packed)
+    return compact(spark, load_catalog(settings), names(settings, table), policy, now, force)
 
 
 def offsets_by_key(settings: Settings, name: str) -> dict[str, str]:

@@ -43,11 +43,13 @@ def to_lines(stream) -> list[str]:
     return lines
 
 
-@hsettings(max_examples=8, deadline=None, derandomize=True,
+@hsettings(max_examples=12, deadline=None, derandomize=True,
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(stream=st.lists(event, min_size=1, max_size=25), cuts=st.lists(st.integers(1, 40), max_size=2),
-       ordering=st.sampled_from(["source", "log"]))
-def test_random_stream_in_random_batches_matches_the_model(spark, settings, stream, cuts, ordering):
+       ordering=st.sampled_from(["source", "log"]), packed=st.booleans())
+def test_random_stream_in_random_batches_matches_the_model(spark, settings, stream, cuts, ordering, packed):
+    """`packed`: the packed order key where a round fits (as in production), else the general
+    route (the window) for every round."""
     lines = to_lines(stream)
     path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
     s = with_source(settings.model_copy(update={"catalog": settings.catalog.model_copy(
@@ -57,7 +59,7 @@ def test_random_stream_in_random_batches_matches_the_model(spark, settings, stre
     for b in bounds:
         run_ingest(s, max_records=b - done)
         done = b
-        compact_table(spark, s, "things")
+        compact_table(spark, s, "things", packed=packed)
     state, tombs = expected_tables(decoded(path, s), ordering)
     assert offsets_by_key(s, names(s, "things").state) == state
     assert offsets_by_key(s, names(s, "things").tombstones) == tombs
