@@ -73,13 +73,13 @@ _EVENT_ID = ["_topic", "_partition_id", "_sequence_number"]
 _WINNER_ID = ["_key", "_partition_id", "_sequence_number"]
 # log column names of the candidate columns that are not just the name without its underscore
 _LOG_NAMES = {"_partition_id": "partition", "_source_ts": "source_ts_ms"}
-_NARROW = ["key", "topic", "partition", "offset", "sequence_number", "enqueued_time", "op", "snapshot",
-           "source_ts_ms", "source_position", "payload_bytes"]
+# What the packed route orders candidates by: the one full read of a round keeps just these.
+_ORDER_COLUMNS = ["_key", "_partition_id", "_sequence_number", "_snapshot", "_source_position", "_held"]
 
 
-def _log_candidates(narrow: DataFrame) -> DataFrame:
+def _log_candidates(dirty: DataFrame) -> DataFrame:
     """The dirty events as candidates; `_after` and `_after_types` null until `_with_payload`."""
-    return narrow.where(F.col("op") != "t").select(
+    return dirty.where(F.col("op") != "t").select(
         F.col("key").alias("_key"), F.col("topic").alias("_topic"), F.col("partition").alias("_partition_id"),
         F.col("offset").alias("_offset"), F.col("sequence_number").alias("_sequence_number"),
         F.col("enqueued_time").alias("_enqueued_time"), F.col("op").alias("_op"), F.col("snapshot").alias("_snapshot"),
@@ -101,9 +101,8 @@ def _with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> Data
                            for c in winners.columns])
 
 
-def _packing(events: DataFrame, held_rows: DataFrame | None, ordering: str) -> dedupe.Packing | None:
+def _packing(frame: DataFrame, ordering: str) -> dedupe.Packing | None:
     """The packed layout for this round's candidates, or None (the general route)."""
-    frame = events if held_rows is None else events.unionByName(held_rows)
     pos = F.col("_source_position") if ordering == "source" else F.lit(None).cast(dedupe.POSITION_TYPE)
     bounds = frame.agg(*dedupe.bounds_columns(pos, F.col("_partition_id"), F.col("_sequence_number"))).first()
     return dedupe.Packing.of(bounds.asDict())
@@ -118,21 +117,27 @@ def _general(candidates: DataFrame, dirty: DataFrame, ordering: str) -> tuple[Da
     return winners, ranked, totals["n"], totals["stale"] or 0
 
 
-def _winners(candidates: DataFrame, held_rows: DataFrame | None, dirty: DataFrame, packing: dedupe.Packing | None,
-             ordering: str, multi_topic: bool, step: "_Steps") -> tuple[DataFrame, DataFrame | None, int, int]:
+def _winners(candidates: DataFrame, ordered: DataFrame, held_rows: DataFrame | None, dirty: DataFrame,
+             packing: dedupe.Packing | None, ordering: str, multi_topic: bool, step: "_Steps"
+             ) -> tuple[DataFrame, DataFrame | None, int, int]:
     """The newest candidate per key with its payload, the ranked candidates of the general
-    route (for the stale-event log), the number of keys and of stale events."""
+    route (for the stale-event log), the number of keys and of stale events. `ordered`: the
+    candidates' `_ORDER_COLUMNS` (the packed route's input)."""
     if packing is None:
         step("general route (no packed order key for this round)")
         return _general(candidates, dirty, ordering)
-    per_key = dedupe.packed_latest(candidates, packing, ordering).localCheckpoint(eager=True)
+    per_key = dedupe.packed_latest(ordered, packing, ordering).localCheckpoint(eager=True)
     counts = per_key.groupBy().agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_irregular").cast("int")).alias("irr"),
                                    F.sum((~F.col("_irregular") & ~F.col("_win_held")).cast("int")).alias("new")
                                    ).first()
     step(f"dedupe of {counts['n']:,} keys (packed order key)")
     regular = per_key.where(~F.col("_irregular"))
     new = regular.where(~F.col("_win_held")).select(_WINNER_ID + ["_carried"])
-    log = dirty.where(F.col("op") != "t").select(
+    # Winners are mostly recent events: read only the log files at or past the first winner
+    # of each partition (Iceberg prunes the rest by their sequence-number bounds).
+    floors = new.groupBy("_partition_id").agg(F.min("_sequence_number").alias("s")).collect()
+    since = " OR ".join(f"(partition = {r['_partition_id']} AND sequence_number >= {r['s']})" for r in floors)
+    log = dirty.where(f"({since}) AND op != 't'" if floors else "false").select(
         *[F.col(_LOG_NAMES.get(c, c[1:])).alias(c) for c in dedupe.CANDIDATE_COLUMNS if c != "_held"])
     got = log.join(F.broadcast(new) if (counts["new"] or 0) <= BROADCAST_WINNERS else new, _WINNER_ID)
     got = got.withColumn("_source_position", F.coalesce(F.col("_carried"), F.col("_source_position")))
@@ -240,14 +245,14 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     state_t, tomb_t = names.spark(names.state), names.spark(names.tombstones)
     # 2. dirty events and held rows
     dirty = spark.table(names.spark(names.log)).where(range_filter(report.ranges))
-    narrow = dirty.select(*_NARROW).localCheckpoint(eager=True)  # the one full read of the dirty range
-    truncate, report.truncates = _newest_truncate(narrow, policy.ordering)
+    events = _log_candidates(dirty)
+    narrow = events.select(*_ORDER_COLUMNS).localCheckpoint(eager=True)  # the one full read of the dirty range
+    truncate, report.truncates = _newest_truncate(dirty, policy.ordering)
     step(f"read {report.events:,} dirty events")
-    events = _log_candidates(narrow)
     held = [(t, op) for t, op in ((names.state, None), (names.tombstones, "d")) if _has_rows(catalog, t)]
     held_rows = None
     if held:  # rows already held for the round's keys (a first round has none: no joins at all)
-        keys = events.select("_key").distinct()
+        keys = narrow.select("_key").distinct()
         frames = []
         for name, op in held:
             rows = spark.table(names.spark(name))
@@ -256,12 +261,13 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
             frames.append(_held(rows, op))
         held_rows = reduce(DataFrame.unionByName, frames).localCheckpoint(eager=True)
     candidates = events if held_rows is None else events.unionByName(held_rows)
+    ordered = narrow if held_rows is None else narrow.unionByName(held_rows.select(*_ORDER_COLUMNS))
     step("held rows")
     # 3. newest per key, truncates
-    packing = _packing(events, held_rows, policy.ordering) if policy.packed else None
+    packing = _packing(ordered, policy.ordering) if policy.packed else None
     multi_topic = len({r.topic for r in report.ranges}) > 1
-    winners, ranked, report.keys, report.stale = _winners(candidates, held_rows, dirty, packing, policy.ordering,
-                                                          multi_topic, step)
+    winners, ranked, report.keys, report.stale = _winners(candidates, ordered, held_rows, dirty, packing,
+                                                          policy.ordering, multi_topic, step)
     changes = dedupe.resolve(winners, truncate, policy.ordering).localCheckpoint(eager=True)
     step("payload of the winners")
     counts = changes.groupBy().agg(

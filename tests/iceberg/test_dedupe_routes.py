@@ -92,7 +92,7 @@ def test_packed_winners_equal_the_general_route(spark, rows, width, ordering):
 
     df = frame(spark, rows, width)
     general = {r["_key"]: r for r in dedupe.latest_per_key(dedupe.rank(df, ordering)).collect()}
-    packing = _packing(df.where("NOT _held"), df.where("_held"), ordering)
+    packing = _packing(df, ordering)
     assert packing is not None
     packed = {r["_key"]: r for r in dedupe.packed_latest(df, packing, ordering).collect()}
     assert packed.keys() == general.keys()
