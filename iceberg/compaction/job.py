@@ -73,7 +73,7 @@ _EVENT_ID = ["_topic", "_partition_id", "_sequence_number"]
 _WINNER_ID = ["_key", "_partition_id", "_sequence_number"]
 # log column names of the candidate columns that are not just the name without its underscore
 _LOG_NAMES = {"_partition_id": "partition", "_source_ts": "source_ts_ms"}
-# What the packed route orders candidates by: the one full read of a round keeps just these.
+# What the packed route orders candidates by (the only columns it reads of every dirty event).
 _ORDER_COLUMNS = ["_key", "_partition_id", "_sequence_number", "_snapshot", "_source_position", "_held"]
 
 
@@ -246,9 +246,11 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     # 2. dirty events and held rows
     dirty = spark.table(names.spark(names.log)).where(range_filter(report.ranges))
     events = _log_candidates(dirty)
-    narrow = events.select(*_ORDER_COLUMNS).localCheckpoint(eager=True)  # the one full read of the dirty range
+    # Each pass reads the log files again (column pruned): materialising the order columns
+    # measured slower (10M events over 10k keys: 27.7 s a round with it, 18.9 s without).
+    narrow = events.select(*_ORDER_COLUMNS)
     truncate, report.truncates = _newest_truncate(dirty, policy.ordering)
-    step(f"read {report.events:,} dirty events")
+    step(f"truncates among {report.events:,} dirty events")
     held = [(t, op) for t, op in ((names.state, None), (names.tombstones, "d")) if _has_rows(catalog, t)]
     held_rows = None
     if held:  # rows already held for the round's keys (a first round has none: no joins at all)
