@@ -110,9 +110,9 @@ def resolve(winners: DataFrame, truncate: dict[str, Any] | None, ordering: Order
 # together (PostgreSQL's one-number LSN, say, with the round's sequence range), the order key
 # of `connector.ordering` becomes one long and the newest change per key a hash aggregation
 # of longs (no sort, partial aggregation before the shuffle). Keys the packed route cannot
-# settle by aggregation alone (a held or snapshot row without a position, or events that may be older
-# than the held row: stale events, which are counted and logged one by one) go through the
-# general route; a round that does not fit goes through it whole.
+# settle by aggregation alone (a held or snapshot row without a position, or events that may
+# be older than the held row: stale events, which are counted and logged one by one) go
+# through the general route; a round that does not fit goes through it whole.
 
 MAX_POSITION = 8  # position elements the packed route compares (SQL Server positions have 7)
 
@@ -205,10 +205,9 @@ def packed_latest(candidates: DataFrame, packing: Packing, ordering: Ordering) -
 
     Why one aggregation suffices: position-less candidates (bare tombstones) take the highest
     position before them in log order, so only the last one in log order can win (a held or
-    snapshot one makes the key irregular), and it
-    takes the key's highest position P exactly when it comes after the first candidate that
-    has P (the `first` aggregate); then it wins when its (rank 1, partition, sequence number)
-    beats the positioned winner's.
+    snapshot one makes the key irregular), and it takes the key's highest position P exactly
+    when it comes after the first candidate that has P (the `first` aggregate); then it wins
+    when its (rank 1, partition, sequence number) beats the positioned winner's.
     """
     held, pos = F.col("_held"), F.col("_source_position")
     seq, part = F.col("_sequence_number"), F.col("_partition_id")

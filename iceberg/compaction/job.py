@@ -2,7 +2,8 @@
 
 1. plan: per stream, the cleanable dirty range and whether it is due (pure planner);
 2. read the dirty events and the rows already held for their keys;
-3. pick the newest change per key (the dedupe transform) and resolve truncates;
+3. pick the newest change per key (the dedupe transform: a hash aggregation of packed order
+   keys where the round fits 63 bits, else the window) and resolve truncates;
 4. evolve the state schema; 5. MERGE the tombstones; 6. MERGE the state with the new
    cleaner points in the same snapshot; 7. purge expired tombstones.
 
@@ -16,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from functools import reduce
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import reduce
 
 from pyiceberg.catalog import Catalog
 from pyspark.sql import DataFrame, SparkSession
