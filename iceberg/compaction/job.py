@@ -277,7 +277,7 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
         F.count(F.lit(1)).alias("n"), F.sum((F.col("_action") == "upsert").cast("int")).alias("up"),
     ).first()
     report.upserts, report.deletes = counts["up"] or 0, (counts["n"] or 0) - (counts["up"] or 0)
-    if report.stale and ranked is not None:
+    if report.stale:  # only the general route finds stale events, so `ranked` is set
         for r in ranked.where("_stale").orderBy("_partition_id", "_sequence_number").limit(10).collect():
             log.warning("%s: stale event ignored: key %s partition %s offset %s (position %s) is older than the "
                         "held row", names.state, r["_key"], r["_partition_id"], r["_offset"], r["_source_position"])
