@@ -135,18 +135,21 @@ class Counting(Decoder):
         return super().decode(record)
 
 
-def test_plain_postgres_events_take_the_arrow_route():
+@pytest.mark.parametrize("line_break", ["\n", "\r\n"])
+def test_plain_postgres_events_take_the_arrow_route(line_break):
     events = [{"op": op, "after": None if op == "d" else {"id": i, "price": 1.25, "name": f'n"{i}', "ok": True},
                "source": {"connector": "postgresql", "table": "items", "lsn": 100 + i, "snapshot": "false"}}
               for i, op in enumerate(["r", "c", "u", "d"])]
     records = [record(i, "srv.public.items", b'{"id":%d}' % i, json.dumps(e).encode()) for i, e in enumerate(events)]
     records.append(record(4, "srv.public.items", b'{"id":3}', None))  # topic not known yet: record route
     records.append(record(5, "srv.public.items", b'{"id":2}', None))
+    pretty = json.dumps({**events[1], "after": {"id": 9}}, indent=1).replace("\n", line_break)
+    records.append(record(6, "srv.public.items", b'{"id":9}', pretty.encode()))  # multi-line: record route alone
     Counting.calls = 0
     decoder = Counting()
     first = decode_batch(decoder, RecordBatch.of(records[:5]), NOW)
     second = decode_batch(decoder, RecordBatch.of(records[5:]), NOW)  # the topic is known now
-    assert Counting.calls == 1
+    assert Counting.calls == 2
     got = [p.table for out in (first, second) for p in out.events["items"]]
     assert normal(pa.concat_tables(got)) == reference(records)[0]["items"]
 
