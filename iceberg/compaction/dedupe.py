@@ -196,6 +196,16 @@ def bounds_columns(position: Column, partition: Column, seq: Column) -> list[Col
               for agg, name in ((F.min, "lo"), (F.max, "hi"))]]
 
 
+def merge_bounds(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The bounds of two frames' union from the bounds of each (`bounds_columns` rows)."""
+    def one(name: str) -> Any:
+        values = [v for v in (a[name], b[name]) if v is not None]
+        low = name.endswith("_min") or name.startswith("lo")
+        return (min if low else max)(values) if values else None
+
+    return {name: one(name) for name in a}
+
+
 def packed_latest(candidates: DataFrame, packing: Packing, ordering: Ordering) -> DataFrame:
     """Per key, the newest candidate by the ordering rule, by hash aggregation over longs.
 

@@ -39,6 +39,15 @@ def test_packed_key_orders_like_the_ordering_rule(cs):
            [order_key(c[0], c[1], c[2], c[3], "source") for c in ruled]
 
 
+@given(changes, st.data())
+def test_bounds_of_two_frames_merge_into_the_bounds_of_their_union(cs, data):
+    """The job takes the log's bounds and the held rows' bounds in two passes."""
+    cut = data.draw(st.integers(1, len(cs) - 1))
+    a, b = cs[:cut], cs[cut:]
+    of = lambda part: bounds_of([c[0] for c in part], [c[2] for c in part], [c[3] for c in part])  # noqa: E731
+    assert dedupe.merge_bounds(of(a), of(b)) == of(cs)
+
+
 def test_rounds_that_do_not_fit_take_the_general_route():
     assert Packing.of(bounds_of([(1,), (1, 2)], [0], [0])) is None  # () < (1,) < (1, 0): lengths differ
     assert Packing.of(bounds_of([(0,), (2**62,)], [0], [0, 1])) is None  # 63 bits of position alone
@@ -88,11 +97,14 @@ def frame(spark, rows, width):
 # after it, the tombstone takes the position and wins over the snapshot read
 @example(rows=[(1, False, 0, 3, True, "c"), (1, False, 0, None, False, "d")], width=2, ordering="source")
 def test_packed_winners_equal_the_general_route(spark, rows, width, ordering):
-    from iceberg.compaction.job import _packing
+    from pyspark.sql import functions as F
+
+    from iceberg.compaction.job import _bounds
 
     df = frame(spark, rows, width)
     general = {r["_key"]: r for r in dedupe.latest_per_key(dedupe.rank(df, ordering)).collect()}
-    packing = _packing(df, ordering)
+    packing = Packing.of(_bounds(df, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"),
+                                 ordering))
     assert packing is not None
     packed = {r["_key"]: r for r in dedupe.packed_latest(df, packing, ordering).collect()}
     assert packed.keys() == general.keys()
