@@ -372,13 +372,18 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     return out
 
 
+# A key that is already its own canonical text: one field, an int or a printable ASCII string.
+_CANONICAL_KEY = r'^\{"[A-Za-z_][A-Za-z0-9_]*":(0|-?[1-9][0-9]{0,17}|"[ !#-\[\]-~]*")\}$'
+
+
 def _key_texts(keys: pa.Array) -> pa.Array:
-    """`_key_text` of every key: JSON objects of non-null ints, strings and booleans as
-    sorted compact JSON built by Arrow; any other key one distinct value at a time."""
+    """`_key_text` of every key: keys already canonical as they are; JSON objects of non-null
+    ints, strings and booleans as sorted compact JSON built by Arrow; any other key one
+    distinct value at a time."""
     n = len(keys)
-    cand = _json_objects(keys)
-    ok = pa.repeat(pa.scalar(False), n)
-    texts = pa.nulls(n, pa.string())
+    ok = pc.match_substring_regex(keys, _CANONICAL_KEY).fill_null(False)
+    texts = pc.replace_with_mask(pa.nulls(n, pa.string()), ok, keys.filter(ok).cast(pa.string()))
+    cand = pc.and_(_json_objects(keys), pc.invert(ok))
     if pc.any(cand).as_py():
         idx = pc.indices_nonzero(cand)
         t = _parse(keys.filter(cand))
@@ -389,8 +394,9 @@ def _key_texts(keys: pa.Array) -> pa.Array:
             good = pc.invert(bad)
             for c in t.columns:  # a null field is kept by the canonical form, left out by Arrow's
                 good = pc.and_(good, pc.is_valid(c.combine_chunks()))
-            ok = _mask(n, idx.filter(good))
-            texts = pc.replace_with_mask(texts, ok, text.filter(good))
+            parsed = _mask(n, idx.filter(good))
+            texts = pc.replace_with_mask(texts, parsed, text.filter(good))
+            ok = pc.or_(ok, parsed)
     rest = pc.invert(ok)
     if pc.any(rest).as_py():
         texts = pc.replace_with_mask(texts, rest, _mapped(keys.filter(rest), _key_text))

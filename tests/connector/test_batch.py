@@ -180,8 +180,13 @@ key_docs = st.dictionaries(st.sampled_from(["z", "id", "a b", 'q"']), st.one_of(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(key_docs.map(lambda d: json.dumps(d).encode()), st.sampled_from(
-    [b"plain", b"null", b'{"schema":{},"payload":{"id":1}}', b'{"id": 1 }', b"{oops"])), min_size=1, max_size=12))
+@given(st.lists(st.one_of(
+    key_docs.map(lambda d: json.dumps(d).encode()),
+    key_docs.map(lambda d: json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()),  # compact
+    st.sampled_from([b"plain", b"null", b'{"schema":{},"payload":{"id":1}}', b'{"id": 1 }', b"{oops", b'{"id":-0}',
+                     b'{"id":007}', b'{"id":1.0}', b'{"id":true}', b'{"id":123456789012345678901}', b'{"id":"a\\"b"}',
+                     b'{"id":"\\u0041"}', b'{"id":"\xc3\xa9"}', b'{"id":"a/b~"}', b'{"id":"\x7f"}'])),
+    min_size=1, max_size=12))
 def test_key_texts_are_the_canonical_key_texts(raw_keys):
     from connector.batch import _key_texts
     from connector.debezium import _key_text
