@@ -281,8 +281,10 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
                                                           policy.ordering, multi_topic, step)
     changes = dedupe.resolve(winners, truncate, policy.ordering).localCheckpoint(eager=True)
     step("payload of the winners")
+    upsert = F.col("_action") == "upsert"
     counts = changes.groupBy().agg(
-        F.count(F.lit(1)).alias("n"), F.sum((F.col("_action") == "upsert").cast("int")).alias("up"),
+        F.count(F.lit(1)).alias("n"), F.sum(upsert.cast("int")).alias("up"),
+        F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),  # nulls are left out
     ).first()
     report.upserts, report.deletes = counts["up"] or 0, (counts["n"] or 0) - (counts["up"] or 0)
     if report.stale:  # only the general route finds stale events, so `ranked` is set
@@ -291,9 +293,7 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
                         "held row", names.state, r["_key"], r["_partition_id"], r["_offset"], r["_source_position"])
     step("counts")
     # 4. schema
-    signatures = [r[0] for r in changes.where("_action = 'upsert' AND _after_types IS NOT NULL")
-                  .select("_after_types").distinct().collect()]
-    columns = schema.evolve(spark, names, schema.merge_types(signatures))
+    columns = schema.evolve(spark, names, schema.merge_types(sorted(counts["signatures"])))
     step("schema")
     source = _state_source(changes, columns)
     source.createOrReplaceTempView("cdclake_changes")
@@ -310,12 +310,14 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
     props = {CLEANER_POINTS_PROPERTY: json.dumps(dict(sorted(points.items())), separators=(",", ":")),
              STATS_PROPERTY: json.dumps(report.summary()["ranges"], separators=(",", ":"))}
-    _merge(spark, _merge_sql(tomb_t, "cdclake_tomb_changes", tomb_cols, delete_on="upsert"), {})
+    held_tables = {name for name, _ in held}
+    _merge(spark, _write_sql(tomb_t, "cdclake_tomb_changes", tomb_cols, "upsert", names.tombstones in held_tables), {})
     step("merge tombstones")
     crash_point("compact.after-tombstones")
     # 6. state + cleaner points, one snapshot
     before = catalog.load_table(names.state).current_snapshot()
-    _merge(spark, _merge_sql(state_t, "cdclake_changes", meta + list(columns), delete_on="delete"), props)
+    _merge(spark, _write_sql(state_t, "cdclake_changes", meta + list(columns), "delete", names.state in held_tables),
+           props)
     after = catalog.load_table(names.state).current_snapshot()
     if after is None or (before is not None and after.snapshot_id == before.snapshot_id):
         # Nothing changed (every event was stale): record the cleaner points alone.
@@ -326,9 +328,14 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     crash_point("compact.after-commit")
 
 
-def _merge_sql(target: str, source: str, columns: list[str], delete_on: str) -> str:
+def _write_sql(target: str, source: str, columns: list[str], delete_on: str, has_rows: bool) -> str:
+    """MERGE the changes into `target`; into a table without rows, INSERT the rows it keeps
+    (the same result without the join a MERGE plans)."""
     keep = "upsert" if delete_on == "delete" else "delete"
     q = schema.quote
+    if not has_rows:
+        cols = ", ".join(map(q, columns))
+        return f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {source} WHERE _action = '{keep}'"
     sets = ", ".join(f"t.{q(c)} = s.{q(c)}" for c in columns)
     return (
         f"MERGE INTO {target} t USING {source} s ON t._key = s._key "
