@@ -128,19 +128,21 @@ def _winners(candidates: DataFrame, ordered: DataFrame, held_rows: DataFrame | N
         step("general route (no packed order key for this round)")
         return _general(candidates, dirty, ordering)
     per_key = dedupe.packed_latest(ordered, packing, ordering).localCheckpoint(eager=True)
-    counts = per_key.groupBy().agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_irregular").cast("int")).alias("irr"),
-                                   F.sum((~F.col("_irregular") & ~F.col("_win_held")).cast("int")).alias("new")
-                                   ).first()
+    is_new = ~F.col("_irregular") & ~F.col("_win_held")
+    by_partition = per_key.groupBy("_partition_id").agg(
+        F.count(F.lit(1)).alias("n"), F.sum(F.col("_irregular").cast("int")).alias("irr"),
+        F.sum(is_new.cast("int")).alias("new"), F.min(F.when(is_new, F.col("_sequence_number"))).alias("s")).collect()
+    counts = {c: sum(r[c] for r in by_partition) for c in ("n", "irr", "new")}
     step(f"dedupe of {counts['n']:,} keys (packed order key)")
     regular = per_key.where(~F.col("_irregular"))
     new = regular.where(~F.col("_win_held")).select(_WINNER_ID + ["_carried"])
     # Winners are mostly recent events: read only the log files at or past the first winner
     # of each partition (Iceberg prunes the rest by their sequence-number bounds).
-    floors = new.groupBy("_partition_id").agg(F.min("_sequence_number").alias("s")).collect()
+    floors = [r for r in by_partition if r["s"] is not None]
     since = " OR ".join(f"(partition = {r['_partition_id']} AND sequence_number >= {r['s']})" for r in floors)
     log = dirty.where(f"({since}) AND op != 't'" if floors else "false").select(
         *[F.col(_LOG_NAMES.get(c, c[1:])).alias(c) for c in dedupe.CANDIDATE_COLUMNS if c != "_held"])
-    got = log.join(F.broadcast(new) if (counts["new"] or 0) <= BROADCAST_WINNERS else new, _WINNER_ID)
+    got = log.join(F.broadcast(new) if counts["new"] <= BROADCAST_WINNERS else new, _WINNER_ID)
     got = got.withColumn("_source_position", F.coalesce(F.col("_carried"), F.col("_source_position")))
     got = got.withColumn("_held", F.lit(False))
     if multi_topic:  # two topics may hold the same (key, partition, sequence number): keep one
