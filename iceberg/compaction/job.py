@@ -5,7 +5,8 @@
 3. pick the newest change per key (the dedupe transform: a hash aggregation of packed order
    keys where the round fits 63 bits, else the window) and resolve truncates;
 4. evolve the state schema; 5. MERGE the tombstones; 6. MERGE the state with the new
-   cleaner points in the same snapshot; 7. purge expired tombstones.
+   cleaner points in the same snapshot (into a table without rows, 5 and 6 INSERT);
+7. purge expired tombstones.
 
 Atomicity: the cleaner points live in the state table's snapshot. A crash after step 5
 replays the same dirty range on the next run; replaying it over the already-written
