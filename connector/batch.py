@@ -3,10 +3,10 @@
 A batch is Arrow columns (`RecordBatch`). The common Debezium shape (a plain envelope with
 ops c/u/d/r, a PostgreSQL `source` with `table` and `lsn`, a record key, an after-image of
 scalars) is parsed per topic by Arrow's JSON reader and turned into log rows with Arrow
-kernels, so such a record costs no Python objects. Everything else goes through
-`Decoder.decode`, one record at a time, in log order: tombstones, schema envelopes, other
-connectors, `key_fields` tables, integral floats (Arrow cannot tell `5` from `5.0`),
-strings with control characters, anything malformed. Both routes give the same rows
+kernels (`connector.arrow_json`), so such a record costs no Python objects. Everything
+else goes through `Decoder.decode`, one record at a time, in log order: tombstones, schema
+envelopes, other connectors, `key_fields` tables, integral floats (Arrow cannot tell `5`
+from `5.0`), strings with control characters, anything malformed. Both routes give the same rows
 (tests/connector/test_batch.py compares them on generated batches); the Arrow route's
 after-image leaves null columns out, which reads the same.
 """
@@ -22,9 +22,9 @@ from typing import Mapping
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pj
 
-from connector.debezium import Decoder, _key_text, _source_table
+from connector.arrow_json import after_json, json_objects, key_texts, mapped, mask_at, parse
+from connector.debezium import Decoder, _source_table
 from connector.errors import DecodeError
 from connector.ordering import SNAPSHOT_MARKERS
 from connector.records import ChangeEvent, DeadLetter, SourceRecord
@@ -34,7 +34,6 @@ from iceberg.layouts import DEAD_LETTER_SCHEMA, LOG_SCHEMA, UTC_TS
 RECORD_SCHEMA = pa.schema([pa.field("key", pa.binary()) if n == "key" else LOG_SCHEMA.field(n) for n in (
     "topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value", "headers")])
 FAST_OPS = pa.array(["c", "u", "d", "r"])
-_SPARK_TYPES = {pa.int64(): "bigint", pa.float64(): "double", pa.bool_(): "boolean", pa.string(): "string"}
 _SCALARS = (pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.null())
 _NULL_TEXT = pa.scalar(None, pa.string())
 
@@ -181,36 +180,11 @@ def dead_letter_rows(letters: list[DeadLetter], now: datetime) -> pa.Table:
     return pa.Table.from_arrays([columns[n] for n in DEAD_LETTER_SCHEMA.names], schema=DEAD_LETTER_SCHEMA)
 
 
-def _json_objects(values: pa.Array) -> pa.Array:
-    """Per value: it may be one JSON object on one line (what `_parse` takes)."""
-    objects = pc.starts_with(values, "{").fill_null(False)
-    if not _line_breaks(values):
-        return objects
-    line_break = pc.or_(pc.match_substring(values, "\n"), pc.match_substring(values, "\r"))
-    return pc.and_(objects, pc.invert(line_break.fill_null(False)))
-
-
-def _line_breaks(values: pa.Array) -> bool:
-    """Whether the array's data buffer holds a line break anywhere. Usually not, and then the
-    per-value search is skipped (on a 200k-record batch: 0.01 - 0.03 s for this, ~0.05 s a
-    search for it)."""
-    data = values.buffers()[2]
-    if data is None:
-        return False
-    raw = data.to_pybytes()
-    return b"\n" in raw or b"\r" in raw
-
-
-def _mask(n: int, idx: pa.Array) -> pa.Array:
-    """A length-n mask, true at the positions `idx`."""
-    return pc.scatter(pa.repeat(pa.scalar(True), len(idx)), idx.cast(pa.int64()), max_index=n - 1).fill_null(False)
-
-
 def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime) -> Decoded:
     """Log rows per table and dead letters, exactly as `decoder.decode` would give them in
     log order (the decoder's topic -> table map is learned in that order too)."""
     out = Decoded()
-    candidate = _json_objects(batch.table["value"].combine_chunks())
+    candidate = json_objects(batch.table["value"].combine_chunks())
     topics = batch.table["topic"].combine_chunks()
     taken: list[pa.Array] = []
     learned: list[tuple[int, str, str]] = []
@@ -223,7 +197,7 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime) -> Decoded
     for table, rows in _bare_tombstones(decoder, batch, topics, now).items():
         out.events[table].append(rows)
         taken.append(rows.idx)
-    fast = _mask(len(batch), pa.concat_arrays(taken)) if taken else pa.repeat(pa.scalar(False), len(batch))
+    fast = mask_at(len(batch), pa.concat_arrays(taken)) if taken else pa.repeat(pa.scalar(False), len(batch))
     learned.sort()
     slow_idx = pc.indices_nonzero(pc.invert(fast)).to_pylist()
     slow: dict[str, list[tuple[int, ChangeEvent]]] = defaultdict(list)
@@ -252,8 +226,8 @@ def _bare_tombstones(decoder: Decoder, batch: RecordBatch, topics: pa.Array, now
     if not known:
         return {}
     bare = pc.indices_nonzero(pc.is_null(batch.table["value"].combine_chunks())).cast(pa.int64())
-    tables = _mapped(topics.take(bare), known.get)
-    keys = _key_texts(batch.table["key"].take(bare).combine_chunks())
+    tables = mapped(topics.take(bare), known.get)
+    keys = key_texts(batch.table["key"].take(bare).combine_chunks())
     ok = pc.and_(pc.is_valid(keys), pc.is_valid(tables))
     out: dict[str, Rows] = {}
     for table in pc.unique(tables.filter(ok)).to_pylist():
@@ -266,38 +240,6 @@ def _bare_tombstones(decoder: Decoder, batch: RecordBatch, topics: pa.Array, now
             "source_ts_ms": pa.nulls(n, pa.int64()), "after": pa.nulls(n, pa.string()),
             "after_types": pa.nulls(n, pa.string())}, now), idx)
     return out
-
-
-def _parse(values: pa.Array) -> pa.Table | None:
-    """One row per value (JSON objects without line breaks), or None when Arrow cannot
-    read them all alike."""
-    lines = pc.binary_join_element_wise(values, b"", b"\n")  # each value + "\n", one buffer
-    data = lines.buffers()[2][: pc.sum(pc.binary_length(lines)).as_py()]  # a fresh array starts at 0
-    opts = pj.ReadOptions(block_size=max(1 << 20, 2 * pc.max(pc.binary_length(values)).as_py()))
-    try:
-        t = pj.read_json(pa.BufferReader(data), read_options=opts)
-        if any(pa.types.is_timestamp(f.type) for f in _after_fields(t)):  # Arrow read ISO text as timestamps
-            t = pj.read_json(pa.BufferReader(data), read_options=opts,
-                             parse_options=pj.ParseOptions(explicit_schema=_no_timestamps(t.schema)))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    return t if t.num_rows == len(values) else None
-
-
-def _after_fields(t: pa.Table) -> list[pa.Field]:
-    i = t.schema.get_field_index("after")
-    return list(t.schema.field(i).type) if i >= 0 and pa.types.is_struct(t.schema.field(i).type) else []
-
-
-def _no_timestamps(schema: pa.Schema) -> pa.Schema:
-    def fix(t: pa.DataType) -> pa.DataType:
-        if pa.types.is_timestamp(t):
-            return pa.string()
-        if pa.types.is_struct(t):
-            return pa.struct([pa.field(f.name, fix(f.type)) for f in t])
-        return t
-
-    return pa.schema([pa.field(f.name, fix(f.type)) for f in schema])
 
 
 def _column(parent: pa.Table | pa.StructArray, name: str, types: tuple[pa.DataType, ...]) -> pa.Array | None:
@@ -319,7 +261,7 @@ def _column(parent: pa.Table | pa.StructArray, name: str, types: tuple[pa.DataTy
 def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: datetime) -> dict[str, Rows]:
     """Rows per table for the records `idx` (one topic's) that the Arrow route can take;
     none if the values do not have the common shape."""
-    t = _parse(batch.table["value"].take(idx).combine_chunks())
+    t = parse(batch.table["value"].take(idx).combine_chunks())
     if t is None or "payload" in t.schema.names or "op" not in t.schema.names:
         return {}
     n = t.num_rows
@@ -340,9 +282,9 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
         return {}
 
     is_d = pc.equal(op, "d")
-    after_text, types_text, bad = _after_json(after)
-    keys = _key_texts(batch.table["key"].take(idx).combine_chunks())
-    tables = _mapped(table_text, _table_or_none)
+    after_text, types_text, bad = after_json(after)
+    keys = key_texts(batch.table["key"].take(idx).combine_chunks())
+    tables = mapped(table_text, _table_or_none)
     ok = pc.and_kleene(pc.is_in(op, FAST_OPS), pc.is_valid(source))
     for cond in (pc.equal(pc.utf8_lower(connector), "postgresql"), pc.is_valid(lsn), pc.is_valid(tables),
                  pc.is_valid(keys), pc.or_(is_d, pc.is_valid(after)), pc.invert(bad),
@@ -373,84 +315,11 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     return out
 
 
-# A key that is already its own canonical text: one field, an int or a printable ASCII string.
-_CANONICAL_KEY = r'^\{"[A-Za-z_][A-Za-z0-9_]*":(0|-?[1-9][0-9]{0,17}|"[ !#-\[\]-~]*")\}$'
-
-
-def _key_texts(keys: pa.Array) -> pa.Array:
-    """`_key_text` of every key: keys already canonical as they are; JSON objects of non-null
-    ints, strings and booleans as sorted compact JSON built by Arrow; any other key one
-    distinct value at a time."""
-    n = len(keys)
-    ok = pc.match_substring_regex(keys, _CANONICAL_KEY).fill_null(False)
-    texts = pc.replace_with_mask(pa.nulls(n, pa.string()), ok, keys.filter(ok).cast(pa.string()))
-    cand = pc.and_(_json_objects(keys), pc.invert(ok))
-    if pc.any(cand).as_py():
-        idx = pc.indices_nonzero(cand)
-        t = _parse(keys.filter(cand))
-        if (t is not None and t.num_columns and "payload" not in t.schema.names
-                and all(f.type in (pa.int64(), pa.string(), pa.bool_()) for f in t.schema)):
-            struct = pa.StructArray.from_arrays([c.combine_chunks() for c in t.columns], names=t.schema.names)
-            text, _, bad = _after_json(struct)
-            good = pc.invert(bad)
-            for c in t.columns:  # a null field is kept by the canonical form, left out by Arrow's
-                good = pc.and_(good, pc.is_valid(c.combine_chunks()))
-            parsed = _mask(n, idx.filter(good))
-            texts = pc.replace_with_mask(texts, parsed, text.filter(good))
-            ok = pc.or_(ok, parsed)
-    rest = pc.invert(ok)
-    if pc.any(rest).as_py():
-        texts = pc.replace_with_mask(texts, rest, _mapped(keys.filter(rest), _key_text))
-    return texts
-
-
-def _mapped(values: pa.Array, fn) -> pa.Array:
-    """`fn` applied once per distinct value (None for nulls) -> a string array, row for row."""
-    distinct = pc.unique(values)
-    images = pa.array([None if v is None else fn(v) for v in distinct.to_pylist()], pa.string())
-    return images.take(pc.index_in(values, distinct))
-
-
 def _table_or_none(text: str) -> str | None:
     try:
         return _source_table(text)
     except DecodeError:
         return None
-
-
-def _after_json(after: pa.StructArray) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """Per row: the after-image as JSON text (null columns left out), its types as JSON text
-    with sorted keys (null when no column has a value), and whether the row must take the
-    slow route (an integral float, a string with a control character)."""
-    n = len(after)
-    bad = pa.repeat(pa.scalar(False), n)
-    values, types = [], []
-    for i, f in sorted(enumerate(after.type), key=lambda x: x[1].name):
-        if f.type == pa.null():
-            continue
-        col = pc.struct_field(after, [i])
-        if f.type == pa.string():
-            if pc.any(pc.match_substring_regex(col, r'[\x00-\x1f"\\]')).as_py():  # rare: escape
-                bad = pc.or_kleene(bad, pc.match_substring_regex(col, r"[\x00-\x1f]").fill_null(False))
-                col = pc.replace_substring(pc.replace_substring(col, "\\", "\\\\"), '"', '\\"')
-            text = pc.binary_join_element_wise('"', col, '"', "")
-        else:
-            if f.type == pa.float64():
-                bad = pc.or_kleene(bad, pc.equal(pc.floor(col), col).fill_null(False))
-            text = col.cast(pa.string())
-        name = orjson.dumps(f.name).decode()
-        values.append(pc.binary_join_element_wise(name + ":", text, ",", "").fill_null(""))
-        types.append(pc.if_else(pc.is_valid(col), f'{name}:"{_SPARK_TYPES[f.type]}",', ""))
-    if not values:
-        return pa.repeat(pa.scalar("{}"), n), pa.nulls(n, pa.string()), bad
-    # Each fragment ends with a comma, the last one is cut. (Arrow 26's null_handling="skip"
-    # returned fewer rows than it was given here, so nulls are emptied instead.)
-    body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*values, ""), 0, -1)
-    type_body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*types, ""), 0, -1)
-    after_text = pc.binary_join_element_wise("{", body, "}", "")
-    types_text = pc.if_else(pc.equal(type_body, ""), pa.scalar(None, pa.string()),
-                            pc.binary_join_element_wise("{", type_body, "}", ""))
-    return after_text, types_text, bad
 
 
 __all__ = ["Decoded", "Rows", "dead_letter_rows", "decode_batch", "log_rows"]
