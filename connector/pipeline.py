@@ -9,10 +9,12 @@ nothing twice.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import logging
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -50,12 +52,21 @@ class IngestStats:
 
 
 class Sinks:
-    """The log and dead-letter tables of a namespace, created on first use."""
+    """The log and dead-letter tables of a namespace, created on first use.
+
+    Appends run on one writer thread in the order given, so the next batch is read and
+    decoded while this one's Parquet files are written (Arrow writes them without the GIL).
+    `positions` are what the queued appends record; `settle` waits until they are
+    committed and raises the first that failed; after a failure nothing more is appended.
+    """
 
     def __init__(self, catalog: Catalog, namespace: str):
         self.catalog, self.namespace = catalog, namespace
         self.tables: dict[str, Table] = {}
         self.positions: dict[str, dict[str, int]] = {}
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="log-writer")
+        self._queued: list[Future] = []
+        self._failed: BaseException | None = None
         for _, name in catalog.list_tables(namespace):
             if name.endswith((LOG_SUFFIX, DEAD_LETTERS_SUFFIX)):
                 self._load(name)
@@ -68,6 +79,7 @@ class Sinks:
     def get(self, name: str, schema: pa.Schema) -> Table:
         if name in self.tables:
             return self.tables[name]
+        self.settle()  # the catalog changes only from one thread at a time
         try:
             return self._load(name)
         except NoSuchTableError:
@@ -84,8 +96,28 @@ class Sinks:
     def commit(self, name: str, rows: pa.Table, positions: Mapping[str, int]) -> None:
         held = self.positions[name]
         merged = {s: max(held.get(s, 0), positions.get(s, 0)) for s in held.keys() | positions.keys()}
-        append_with_positions(self.tables[name], rows, merged)  # the commit updates the table object
+        self._queued.append(self._writer.submit(self._append, self.tables[name], rows, merged))
         self.positions[name] = merged
+
+    def _append(self, table: Table, rows: pa.Table, positions: dict[str, int]) -> None:
+        if self._failed is None:  # an append after a failed one would record positions past a gap
+            try:
+                append_with_positions(table, rows, positions)  # the commit updates the table object
+            except BaseException as e:
+                self._failed = e
+                raise
+
+    def settle(self) -> None:
+        """Wait for the queued appends; raise the first failure."""
+        queued, self._queued = self._queued, []
+        for f in queued:
+            f.exception()
+        if self._failed is not None:
+            raise self._failed
+
+    def close(self) -> None:
+        """Let the queued appends finish (what was accepted is committed), then stop the writer."""
+        self._writer.shutdown(wait=True)
 
 
 @contextmanager
@@ -131,14 +163,17 @@ def ingest(
     compacted once the other partitions are caught up, and the run resumes; it raises when
     a paused partition made no progress.
     """
-    with batch_gc():
-        return _ingest(source, catalog, namespace, decoder, batch_size, on_batch, max_records, gate, make_room)
+    sinks = Sinks(catalog, namespace)
+    try:
+        with batch_gc():
+            return _ingest(source, sinks, decoder, batch_size, on_batch, max_records, gate, make_room)
+    finally:
+        sinks.close()
 
 
-def _ingest(source: Source, catalog: Catalog, namespace: str, decoder: Decoder, batch_size: int,
+def _ingest(source: Source, sinks: Sinks, decoder: Decoder, batch_size: int,
             on_batch: Callable[[IngestStats], None] | None, max_records: int | None, gate: "QuotaGate | None",
             make_room: Callable[[list[str]], dict[str, dict[str, int]]] | None) -> IngestStats:
-    sinks = Sinks(catalog, namespace)
     stats = IngestStats()
     stuck: dict[tuple[str, str], int] = {}
     while True:
@@ -153,6 +188,7 @@ def _ingest(source: Source, catalog: Catalog, namespace: str, decoder: Decoder, 
             wanted = {**stats.positions, **_caps(gate, name)}
             if any(held.get(s, 0) < p for s, p in wanted.items()):
                 sinks.commit(name, sinks.tables[name].schema().as_arrow().empty_table(), wanted)
+        sinks.settle()
         if gate is None or not gate.paused or make_room is None:
             return stats
         now_stuck = {k: r.first_refused for k, r in gate.paused.items()}
@@ -167,17 +203,30 @@ def _ingest(source: Source, catalog: Catalog, namespace: str, decoder: Decoder, 
 def _one_pass(source: Source, sinks: "Sinks", decoder: Decoder, batch_size: int, stats: IngestStats,
               on_batch: Callable[[IngestStats], None] | None, max_records: int | None,
               gate: "QuotaGate | None", fail_fast: bool) -> None:
+    queued: IngestStats | None = None  # the stats as of the batch whose appends are queued
+
+    def settled() -> None:  # that batch is committed: its positions go to the source, its stats to the hook
+        nonlocal queued
+        if queued is not None:
+            source.commit(queued.positions)  # the source's own offsets follow the Iceberg commits
+            if on_batch:
+                on_batch(queued)
+            queued = None
+
+    refused: list = []
     while max_records is None or stats.records < max_records:
         limit = batch_size if max_records is None else min(batch_size, max_records - stats.records)
         batch = source.poll_batch(limit)
         if not len(batch):
-            return
-        refused = _ingest_batch(batch, sinks, decoder, stats, gate)
-        source.commit(stats.positions)
-        if on_batch:
-            on_batch(stats)
+            break
+        refused = _ingest_batch(batch, sinks, decoder, stats, gate, settled)
+        queued = copy.deepcopy(stats)
         if refused and fail_fast:
-            raise QuotaExceededError(refused)
+            break
+    sinks.settle()
+    settled()
+    if refused and fail_fast:
+        raise QuotaExceededError(refused)
 
 
 def _per_stream(rows: pa.Table, **aggregates: tuple[str, str]) -> dict[str, dict[str, int]]:
@@ -190,10 +239,14 @@ def _per_stream(rows: pa.Table, **aggregates: tuple[str, str]) -> dict[str, dict
 
 
 def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: IngestStats,
-                  gate: "QuotaGate | None" = None) -> list:
-    """Commits one batch to every table it touches; returns the quota refusals."""
+                  gate: "QuotaGate | None" = None, settled: Callable[[], None] = lambda: None) -> list:
+    """Decodes one batch while the previous one's appends run; once they are committed, calls
+    `settled` and queues this batch's appends to every table it touches. Returns the quota
+    refusals."""
     now = datetime.now(timezone.utc)
     decoded = decode_batch(decoder, batch, now)
+    sinks.settle()
+    settled()
     events = {table: Rows.concat(parts) for table, parts in decoded.events.items()}
     if gate is not None:
         for table, rows in events.items():
@@ -267,6 +320,7 @@ def ingest_spark_stream(
             for i in range(0, len(records), batch_size):
                 chunk = records[i: i + batch_size]
                 refused = _ingest_batch(RecordBatch.of(chunk), sinks, decoder, stats, gate)
+                sinks.settle()
                 if mirror is not None:
                     capped = {s for (_, s) in (gate.paused if gate else {})}
                     mirror.update({r.stream: (r.sequence_number, r.offset) for r in chunk if r.stream not in capped})
@@ -285,4 +339,6 @@ def ingest_spark_stream(
         if failure:
             raise failure[0] from None
         raise
+    finally:
+        sinks.close()
     return stats
