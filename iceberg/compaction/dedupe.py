@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -194,6 +196,20 @@ def bounds_columns(position: Column, partition: Column, seq: Column) -> list[Col
             F.min(seq).alias("seq_min"), F.max(seq).alias("seq_max"),
             *[agg(F.get(position, i)).alias(f"{name}{i}") for i in range(MAX_POSITION)
               for agg, name in ((F.min, "lo"), (F.max, "hi"))]]
+
+
+def arrow_bounds(position: pa.ChunkedArray | pa.Array, partition: pa.ChunkedArray | pa.Array,
+                 seq: pa.ChunkedArray | pa.Array) -> dict[str, Any]:
+    """`bounds_columns` over Arrow columns of the same rows (the planner's scan of the log)."""
+    size = pc.list_value_length(position)
+    out = {"size_min": pc.min(size).as_py(), "size_max": pc.max(size).as_py(),
+           "part_min": pc.min(partition).as_py(), "part_max": pc.max(partition).as_py(),
+           "seq_min": pc.min(seq).as_py(), "seq_max": pc.max(seq).as_py()}
+    for i in range(MAX_POSITION):
+        longer = pc.greater(size, i).fill_null(False)
+        element = pc.list_element(position.filter(longer), i) if pc.any(longer).as_py() else pa.array([], pa.int64())
+        out[f"lo{i}"], out[f"hi{i}"] = pc.min(element).as_py(), pc.max(element).as_py()
+    return out
 
 
 def merge_bounds(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

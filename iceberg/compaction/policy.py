@@ -9,8 +9,9 @@ dirty event is older than `max_compaction_lag`, or when forced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from connector.ordering import Ordering
 
@@ -36,6 +37,10 @@ class StreamStats:
     first_dirty_time: datetime | None
     dirty_events: int = 0
     cleanable_events: int = 0
+    # of the cleanable range, when asked for: the packing bounds of its events
+    # (`dedupe.bounds_columns`) and how many truncates it holds
+    bounds: dict[str, Any] | None = field(default=None, compare=False)
+    truncates: int = 0
 
     @property
     def dirty_ratio(self) -> float:

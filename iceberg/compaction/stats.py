@@ -47,7 +47,10 @@ def clean_bytes(*tables: Table | None) -> dict[str, int]:
     return out
 
 
-def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime) -> list[StreamStats]:
+def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime,
+                 bounds: bool = False) -> list[StreamStats]:
+    """Per stream; with `bounds`, also the cleanable range's packing bounds and truncates,
+    from the same scan (the compaction job's first step reads no more than this)."""
     log = catalog.load_table(names.log)
     state = load_optional(catalog, names.state)
     points = cleaner_points(state)
@@ -57,7 +60,8 @@ def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, 
     low = min(points.get(s, 0) for s in streams)
     rows = log.scan(
         row_filter=GreaterThanOrEqual("sequence_number", low),
-        selected_fields=("topic", "partition", "sequence_number", "payload_bytes", "enqueued_time"),
+        selected_fields=("topic", "partition", "sequence_number", "payload_bytes", "enqueued_time")
+        + (("op", "source_position") if bounds else ()),
     ).to_arrow()
     clean = clean_bytes(state, load_optional(catalog, names.tombstones))
     cutoff = pa.scalar(now - policy.min_compaction_lag, type=pa.timestamp("us", tz="UTC"))
@@ -85,5 +89,17 @@ def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, 
             first_dirty_time=pc.min(mine["enqueued_time"]).as_py() if mine.num_rows else None,
             dirty_events=mine.num_rows,
             cleanable_events=cleanable.num_rows,
+            **(_bounds(cleanable, policy) if bounds else {}),
         ))
     return out
+
+
+def _bounds(rows: pa.Table, policy: CompactionPolicy) -> dict:
+    from iceberg.compaction.dedupe import arrow_bounds  # Spark's module: only the job asks for bounds
+
+    truncate = pc.equal(rows["op"], "t").fill_null(False)
+    events = rows.filter(pc.invert(truncate))
+    position = (events["source_position"] if policy.ordering == "source"
+                else pa.nulls(events.num_rows, events.schema.field("source_position").type))
+    return {"bounds": arrow_bounds(position, events["partition"], events["sequence_number"]),
+            "truncates": pc.sum(truncate.cast(pa.int64())).as_py() or 0}

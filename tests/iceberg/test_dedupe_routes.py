@@ -48,6 +48,19 @@ def test_bounds_of_two_frames_merge_into_the_bounds_of_their_union(cs, data):
     assert dedupe.merge_bounds(of(a), of(b)) == of(cs)
 
 
+@given(st.lists(st.tuples(st.none() | st.lists(st.integers(-2**40, 2**40), max_size=MAX_POSITION + 1),
+                         st.integers(0, 31), st.integers(0, 2**40)), min_size=1, max_size=30))
+@hsettings(deadline=None)  # the first call loads Arrow's compute kernels
+def test_bounds_from_the_planners_arrow_scan_equal_the_model(rows):
+    """The job takes the dirty events' bounds from the planner's pyiceberg scan, not from Spark."""
+    import pyarrow as pa
+
+    positions, partitions, seqs = zip(*rows)
+    got = dedupe.arrow_bounds(pa.chunked_array([pa.array(positions, pa.list_(pa.int64()))]),
+                              pa.array(partitions, pa.int32()), pa.array(seqs, pa.int64()))
+    assert got == bounds_of(positions, partitions, seqs)
+
+
 def test_rounds_that_do_not_fit_take_the_general_route():
     assert Packing.of(bounds_of([(1,), (1, 2)], [0], [0])) is None  # () < (1,) < (1, 0): lengths differ
     assert Packing.of(bounds_of([(0,), (2**62,)], [0], [0, 1])) is None  # 63 bits of position alone
