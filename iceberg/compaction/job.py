@@ -255,9 +255,9 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     narrow = events.select(*_ORDER_COLUMNS)
     # The events' packing bounds and truncate counts came with the plan (one pyiceberg scan).
     bounds = reduce(dedupe.merge_bounds, [r.bounds for r in ranges])
-    truncate, report.truncates = _newest_truncate(dirty, policy.ordering) if any(r.truncates for r in ranges) \
-        else (None, 0)
-    if truncate is not None:
+    truncate, report.truncates = None, 0
+    if any(r.truncates for r in ranges):
+        truncate, report.truncates = _newest_truncate(dirty, policy.ordering)
         step(f"truncates of {report.events:,} dirty events")
     held = [(t, op) for t, op in ((names.state, None), (names.tombstones, "d")) if _has_rows(catalog, t)]
     held_rows = None

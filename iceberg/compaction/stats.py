@@ -98,7 +98,7 @@ def _bounds(rows: pa.Table, policy: CompactionPolicy) -> dict:
     from iceberg.compaction.dedupe import arrow_bounds  # Spark's module: only the job asks for bounds
 
     truncate = pc.equal(rows["op"], "t").fill_null(False)
-    events = rows.filter(pc.invert(truncate))
+    events = rows.select(["source_position", "partition", "sequence_number"]).filter(pc.invert(truncate))
     position = (events["source_position"] if policy.ordering == "source"
                 else pa.nulls(events.num_rows, events.schema.field("source_position").type))
     return {"bounds": arrow_bounds(position, events["partition"], events["sequence_number"]),
