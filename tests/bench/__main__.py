@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import resource
+import statistics
 import time
 from pathlib import Path
 
@@ -34,6 +35,11 @@ def timed(fn, *args):
     return out, time.perf_counter() - t
 
 
+def median_run(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    """The (ingest, compaction) run whose total is the median (the higher one of an even count)."""
+    return sorted(runs, key=sum)[len(runs) // 2]
+
+
 def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
     work = root / f"n{n}-k{k}"
     work.mkdir(parents=True, exist_ok=True)
@@ -49,20 +55,30 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
 
     spark = spark_holder.setdefault("spark", get_spark(settings))
     fig: dict = {"events": n, "keys": k, "partitions": args.partitions, "width": args.width}
-    _, fig["ours_ingest_s"] = timed(systems.ours_ingest, settings)
-    live, fig["ours_compact_s"] = timed(systems.ours_compact, settings)
-    assert live == expected, "this pipeline disagrees with the model"
+    ours_runs, naive_runs = [], []
+    for i in range(args.repeat if n <= args.repeat_max else 1):  # interleaved: both see the same machine
+        if i:
+            systems.drop_namespace(settings)
+            console.print(f"repeat {i + 1}: ours {ours_runs[-1][0] + ours_runs[-1][1]:.1f} s, "
+                          f"naive MERGE {naive_runs[-1]:.1f} s so far")
+        _, ingest_s = timed(systems.ours_ingest, settings)
+        live, compact_s = timed(systems.ours_compact, settings)
+        assert live == expected, "this pipeline disagrees with the model"
+        ours_runs.append((ingest_s, compact_s))
+        if not i:  # this pipeline's own peak; the process peak below also covers the baselines
+            fig["python_peak_after_ours_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            fig["jvm_peak_after_ours_mb"] = jvm_peak_rss_mb(spark)
+            batches = systems.split_files(src, work / "batches", args.batch)
+        live, naive_s = timed(systems.naive_spark_merge, spark, settings, batches, work / "chk")
+        assert live == expected, "naive MERGE disagrees with the model"
+        naive_runs.append(naive_s)
+    fig["ours_runs_s"], fig["naive_merge_runs_s"] = [round(a + b, 2) for a, b in ours_runs], naive_runs
+    fig["ours_ingest_s"], fig["ours_compact_s"] = median_run(ours_runs)
     fig["ours_s"] = fig["ours_ingest_s"] + fig["ours_compact_s"]
-    # this pipeline's own peak; the process peak below also covers the baselines' input preparation
-    fig["python_peak_after_ours_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    fig["jvm_peak_after_ours_mb"] = jvm_peak_rss_mb(spark)
+    fig["naive_merge_s"] = statistics.median_high(naive_runs)
     ns = settings.catalog.namespace
     for t in ("items__log", "items", "items__tombstones"):
         fig[f"files_{t}"], fig[f"bytes_{t}"] = systems.table_files(settings, f"{ns}.{t}")
-
-    batches = systems.split_files(src, work / "batches", args.batch)
-    live, fig["naive_merge_s"] = timed(systems.naive_spark_merge, spark, settings, batches, work / "chk")
-    assert live == expected, "naive MERGE disagrees with the model"
     fig["files_naive"], fig["bytes_naive"] = systems.table_files(settings, f"{ns}.naive_items")
 
     if n <= args.upsert_max:
@@ -97,15 +113,22 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
     return fig
 
 
+def spread(f: dict, system: str) -> str:
+    """The median, and the range of the repeated runs when there were several."""
+    runs = f.get(f"{system}_runs_s", [])
+    median = f"{f[f'{system}_s']:.1f}"
+    return f"{median} ({min(runs):.1f} - {max(runs):.1f})" if len(runs) > 1 else median
+
+
 def report(figs: list[dict]) -> None:
-    t = Table("N", "K", "ours s", "ingest s", "compact s", "events/s", "naive MERGE s", "pyiceberg upsert s",
+    t = Table("N", "K", "ours s (runs)", "ingest s", "compact s", "events/s", "naive MERGE s (runs)", "pyiceberg upsert s",
               "DuckDB floor s", "naive/ours", "upsert/ours", "compact/DuckDB", "JVM peak MB ours/all",
               "Python peak MB ours/all",
               title="end to end on one generated stream (same live rows checked)")
     for f in figs:
         up = f.get("pyiceberg_upsert_s")
-        t.add_row(f"{f['events']:,}", f"{f['keys']:,}", f"{f['ours_s']:.1f}", f"{f['ours_ingest_s']:.1f}",
-                  f"{f['ours_compact_s']:.1f}", f"{f['events_per_s']:,.0f}", f"{f['naive_merge_s']:.1f}",
+        t.add_row(f"{f['events']:,}", f"{f['keys']:,}", spread(f, "ours"), f"{f['ours_ingest_s']:.1f}",
+                  f"{f['ours_compact_s']:.1f}", f"{f['events_per_s']:,.0f}", spread(f, "naive_merge"),
                   f"{up:.1f}" if up else "skipped", f"{f['duckdb_floor_s']:.2f}",
                   f"{f['naive_merge_s'] / f['ours_s']:.2f}", f"{up / f['ours_s']:.2f}" if up else "-",
                   f"{f['ours_compact_s'] / f['duckdb_floor_s']:.1f}",
@@ -167,6 +190,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--scaling", action="store_true", help="N = 1M, 5M (and 10M with --big) x K = 10k, 1M")
     ap.add_argument("--big", action="store_true", help="include the 10M runs")
     ap.add_argument("--incremental", action="store_true", help="then compact 1%% new events into the result")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="run this pipeline and naive MERGE this many times, interleaved, at N <= --repeat-max, "
+                         "and report each one's median (single runs vary by up to 30%% on a small shared machine)")
+    ap.add_argument("--repeat-max", type=int, default=1_000_000)
     ap.add_argument("--driver-memory", default="4g")
     ap.add_argument("--no-warmup", action="store_true",
                     help="time the first runs in a cold JVM (default: every system runs once on 100k events first)")
@@ -185,7 +212,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not args.no_warmup:  # the JVM compiles its hot paths on first use; no system should pay that alone
         console.rule("warm-up: every system once on up to 100,000 events (not reported)")
         warm = min(args.events, 100_000)
-        run_once(root, warm, min(args.keys, warm // 10), argparse.Namespace(**{**vars(args), "incremental": False}),
+        run_once(root, warm, min(args.keys, warm // 10),
+                 argparse.Namespace(**{**vars(args), "incremental": False, "repeat": 1}),
                  holder)
     figs = []
     for n, k in grid:
