@@ -59,8 +59,8 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
     for i in range(args.repeat if n <= args.repeat_max else 1):  # interleaved: both see the same machine
         if i:
             systems.drop_namespace(settings)
-            console.print(f"repeat {i + 1}: ours {ours_runs[-1][0] + ours_runs[-1][1]:.1f} s, "
-                          f"naive MERGE {naive_runs[-1]:.1f} s so far")
+            console.print(f"repeat {i + 1} of {args.repeat} (last run: ours {sum(ours_runs[-1]):.1f} s, "
+                          f"naive MERGE {naive_runs[-1]:.1f} s)")
         _, ingest_s = timed(systems.ours_ingest, settings)
         live, compact_s = timed(systems.ours_compact, settings)
         assert live == expected, "this pipeline disagrees with the model"
@@ -121,8 +121,8 @@ def spread(f: dict, system: str) -> str:
 
 
 def report(figs: list[dict]) -> None:
-    t = Table("N", "K", "ours s (runs)", "ingest s", "compact s", "events/s", "naive MERGE s (runs)", "pyiceberg upsert s",
-              "DuckDB floor s", "naive/ours", "upsert/ours", "compact/DuckDB", "JVM peak MB ours/all",
+    t = Table("N", "K", "ours s (runs)", "ingest s", "compact s", "events/s", "naive MERGE s (runs)",
+              "pyiceberg upsert s", "DuckDB floor s", "naive/ours", "upsert/ours", "compact/DuckDB", "JVM peak MB ours/all",
               "Python peak MB ours/all",
               title="end to end on one generated stream (same live rows checked)")
     for f in figs:
@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--lake", type=Path, help="work dir of the catalog (default <out>/lake)")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: run each system at least once")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("iceberg.compaction.job").setLevel(logging.INFO)  # where a round's time goes, step by step
     os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
