@@ -122,8 +122,8 @@ def spread(f: dict, system: str) -> str:
 
 def report(figs: list[dict]) -> None:
     t = Table("N", "K", "ours s (runs)", "ingest s", "compact s", "events/s", "naive MERGE s (runs)",
-              "pyiceberg upsert s", "DuckDB floor s", "naive/ours", "upsert/ours", "compact/DuckDB", "JVM peak MB ours/all",
-              "Python peak MB ours/all",
+              "pyiceberg upsert s", "DuckDB floor s", "naive/ours", "upsert/ours", "compact/DuckDB",
+              "JVM peak MB ours/all", "Python peak MB ours/all",
               title="end to end on one generated stream (same live rows checked)")
     for f in figs:
         up = f.get("pyiceberg_upsert_s")
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--incremental", action="store_true", help="then compact 1%% new events into the result")
     ap.add_argument("--repeat", type=int, default=3,
                     help="run this pipeline and naive MERGE this many times, interleaved, at N <= --repeat-max, "
-                         "and report each one's median (single runs vary by up to 30%% on a small shared machine)")
+                         "and report each one's median (single runs varied by up to 50%% on a 2-core machine)")
     ap.add_argument("--repeat-max", type=int, default=1_000_000)
     ap.add_argument("--driver-memory", default="4g")
     ap.add_argument("--no-warmup", action="store_true",
