@@ -13,7 +13,9 @@ after-image leaves null columns out, which reads the same.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -180,17 +182,37 @@ def dead_letter_rows(letters: list[DeadLetter], now: datetime) -> pa.Table:
     return pa.Table.from_arrays([columns[n] for n in DEAD_LETTER_SCHEMA.names], schema=DEAD_LETTER_SCHEMA)
 
 
-def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime) -> Decoded:
+# Arrow's kernels release the GIL, so a big batch decodes in chunks on threads: 1M events
+# ingested in 4.1 s against 4.9 s on one thread (2 cores, medians of five interleaved runs).
+DECODE_THREADS = min(4, os.cpu_count() or 1)
+DECODE_CHUNK = 20_000  # records; smaller chunks cost more in per-call overhead than threads save
+
+
+def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime, chunk: int = DECODE_CHUNK) -> Decoded:
     """Log rows per table and dead letters, exactly as `decoder.decode` would give them in
-    log order (the decoder's topic -> table map is learned in that order too)."""
+    log order (the decoder's topic -> table map is learned in that order too). A topic's
+    records take the Arrow route in chunks of at least `chunk`, on `DECODE_THREADS` threads."""
     out = Decoded()
     candidate = json_objects(batch.table["value"].combine_chunks())
     topics = batch.table["topic"].combine_chunks()
     taken: list[pa.Array] = []
     learned: list[tuple[int, str, str]] = []
+    work = []
     for topic in pc.unique(topics.filter(candidate)).to_pylist():
         idx = pc.indices_nonzero(pc.and_(candidate, pc.equal(topics, topic))).cast(pa.int64())
-        for table, rows in _fast_topic(decoder, batch, idx, now).items():
+        step = max(chunk, -(-len(idx) // DECODE_THREADS))
+        work += [(topic, idx.slice(i, step)) for i in range(0, len(idx), step)]
+
+    def fast(item: tuple[str, pa.Array]) -> dict[str, Rows]:
+        return _fast_topic(decoder, batch, item[1], now)
+
+    if len(work) > 1:
+        with ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="decode") as pool:
+            found = list(pool.map(fast, work))
+    else:
+        found = list(map(fast, work))
+    for (topic, _), tables in zip(work, found):
+        for table, rows in tables.items():
             out.events[table].append(rows)
             taken.append(rows.idx)
             learned.append((rows.idx[0].as_py(), topic, table))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connector.batch import RecordBatch, decode_batch, log_rows
+from connector.batch import DECODE_CHUNK, RecordBatch, decode_batch, log_rows
 from connector.debezium import Decoder
 from connector.records import DeadLetter, SourceRecord
 from connector.sources import file as file_source
@@ -32,12 +32,13 @@ def reference(records: list[SourceRecord], key_fields=None):
     return rows, dead, d.topic_tables()
 
 
-def batched(records: list[SourceRecord], key_fields=None, split: int = 0):
-    """`decode_batch` over records[:split] then records[split:], one decoder."""
+def batched(records: list[SourceRecord], key_fields=None, split: int = 0, chunk: int = DECODE_CHUNK):
+    """`decode_batch` over records[:split] then records[split:], one decoder; a topic's
+    records in chunks of `chunk` (on threads when there are several)."""
     d = Decoder(key_fields)
     parts, letters = {}, {}
-    for chunk in (records[:split], records[split:]):
-        out = decode_batch(d, RecordBatch.of(chunk), NOW)
+    for part in (records[:split], records[split:]):
+        out = decode_batch(d, RecordBatch.of(part), NOW, chunk)
         for t, rows in out.events.items():
             parts.setdefault(t, []).extend(p.table for p in rows)
         for t, v in out.letters.items():
@@ -112,10 +113,11 @@ def batches(draw) -> list[SourceRecord]:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batches(), st.sampled_from([None, {"orders": ["id"]}]), st.integers(0, 25))
-def test_batch_decode_gives_what_the_record_decoder_gives(records, key_fields, split):
-    """Over two batches: the second one routes bare tombstones by what the first taught."""
-    assert batched(records, key_fields, split) == reference(records, key_fields)
+@given(batches(), st.sampled_from([None, {"orders": ["id"]}]), st.integers(0, 25), st.sampled_from([DECODE_CHUNK, 1, 3]))
+def test_batch_decode_gives_what_the_record_decoder_gives(records, key_fields, split, chunk):
+    """Over two batches: the second one routes bare tombstones by what the first taught.
+    Small chunks decode a topic's records in several parts on threads, to the same rows."""
+    assert batched(records, key_fields, split, chunk) == reference(records, key_fields)
 
 
 def test_real_samples_decode_alike(fixtures):
