@@ -20,11 +20,12 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import reduce
 
 from pyiceberg.catalog import Catalog
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyiceberg.expressions import LessThanOrEqual
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from connector.faults import crash_point
@@ -175,6 +176,13 @@ def _has_rows(catalog: Catalog, name: str) -> bool:
     return snapshot is not None and int(snapshot.summary.additional_properties.get("total-records", 1)) > 0
 
 
+def _may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
+    """Whether a data file of the tombstones may hold one expired by `now` (by the files'
+    `expires_at` bounds in the manifests, without reading a row)."""
+    return any(True for _ in catalog.load_table(name).scan(
+        row_filter=LessThanOrEqual("expires_at", now.isoformat())).plan_files())
+
+
 def _newest_truncate(dirty: DataFrame, ordering: str) -> tuple[dict | None, int]:
     truncates = dirty.where(F.col("op") == "t").collect()
     if not truncates:
@@ -222,6 +230,7 @@ def compact(
 ) -> CompactionReport:
     """Compacts what is due in one source table; returns what it did."""
     started = time.monotonic()
+    now = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)  # naive: UTC
     step = _Steps(names.state)
     report = CompactionReport(names.table)
     # 1. plan
@@ -235,7 +244,7 @@ def compact(
         _clean(spark, catalog, names, policy, now, report, [stats[r.stream] for r in report.ranges], step)
     # 7. purge expired tombstones (idempotent, its own commit)
     purge = PURGE_PREDICATE.format(now=now.strftime("%Y-%m-%d %H:%M:%S.%f"))
-    report.purged = spark.table(tomb_t).where(purge).count() if _has_rows(catalog, names.tombstones) else 0
+    report.purged = spark.table(tomb_t).where(purge).count() if _may_expire(catalog, names.tombstones, now) else 0
     if report.purged:
         spark.sql(f"DELETE FROM {tomb_t} WHERE {purge}")
     step("purge")
@@ -281,19 +290,19 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     multi_topic = len({r.topic for r in report.ranges}) > 1
     winners, ranked, report.keys, report.stale = _winners(candidates, ordered, held_rows, dirty, packing,
                                                           policy.ordering, multi_topic, step)
-    changes = dedupe.resolve(winners, truncate, policy.ordering).localCheckpoint(eager=True)
-    step("payload of the winners")
-    upsert = F.col("_action") == "upsert"
-    counts = changes.groupBy().agg(
-        F.count(F.lit(1)).alias("n"), F.sum(upsert.cast("int")).alias("up"),
+    # the counts and the after-image signatures come with the checkpoint's own job
+    upsert, observed = F.col("_action") == "upsert", Observation("cdclake_changes")
+    changes = dedupe.resolve(winners, truncate, policy.ordering).observe(
+        observed, F.count(F.lit(1)).alias("n"), F.sum(upsert.cast("int")).alias("up"),
         F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),  # nulls are left out
-    ).first()
+    ).localCheckpoint(eager=True)
+    counts = observed.get
+    step("payload of the winners")
     report.upserts, report.deletes = counts["up"] or 0, (counts["n"] or 0) - (counts["up"] or 0)
     if report.stale:  # only the general route finds stale events, so `ranked` is set
         for r in ranked.where("_stale").orderBy("_partition_id", "_sequence_number").limit(10).collect():
             log.warning("%s: stale event ignored: key %s partition %s offset %s (position %s) is older than the "
                         "held row", names.state, r["_key"], r["_partition_id"], r["_offset"], r["_source_position"])
-    step("counts")
     # 4. schema
     columns = schema.evolve(spark, names, schema.merge_types(sorted(counts["signatures"])))
     step("schema")
