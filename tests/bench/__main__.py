@@ -62,15 +62,15 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
             console.print(f"repeat {i + 1} of {args.repeat} (last run: ours {sum(ours_runs[-1]):.1f} s, "
                           f"naive MERGE {naive_runs[-1]:.1f} s)")
         _, ingest_s = timed(systems.ours_ingest, settings)
-        live, compact_s = timed(systems.ours_compact, settings)
-        assert live == expected, "this pipeline disagrees with the model"
+        _, compact_s = timed(systems.ours_compact, settings)
+        assert systems.live(settings, "items", "_key") == expected, "this pipeline disagrees with the model"
         ours_runs.append((ingest_s, compact_s))
         if not i:  # this pipeline's own peak; the process peak below also covers the baselines
             fig["python_peak_after_ours_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             fig["jvm_peak_after_ours_mb"] = jvm_peak_rss_mb(spark)
             batches = systems.split_files(src, work / "batches", args.batch)
-        live, naive_s = timed(systems.naive_spark_merge, spark, settings, batches, work / "chk")
-        assert live == expected, "naive MERGE disagrees with the model"
+        _, naive_s = timed(systems.naive_spark_merge, spark, settings, batches, work / "chk")
+        assert systems.live(settings, "naive_items", "k") == expected, "naive MERGE disagrees with the model"
         naive_runs.append(naive_s)
     fig["ours_runs_s"], fig["naive_merge_runs_s"] = [round(a + b, 2) for a, b in ours_runs], naive_runs
     fig["ours_ingest_s"], fig["ours_compact_s"] = median_run(ours_runs)
@@ -82,11 +82,11 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
     fig["files_naive"], fig["bytes_naive"] = systems.table_files(settings, f"{ns}.naive_items")
 
     if n <= args.upsert_max:
-        live, fig["pyiceberg_upsert_s"] = timed(systems.pyiceberg_upsert, settings, src, args.batch)
-        assert live == expected, "pyiceberg upsert disagrees with the model"
+        _, fig["pyiceberg_upsert_s"] = timed(systems.pyiceberg_upsert, settings, src, args.batch)
+        assert systems.live(settings, "upsert_items", "k") == expected, "pyiceberg upsert disagrees with the model"
     parquet = systems.to_parquet(src, work / "events.parquet")
-    live, fig["duckdb_floor_s"] = timed(systems.duckdb_floor, parquet)
-    assert live == expected, "DuckDB disagrees with the model"
+    con, fig["duckdb_floor_s"] = timed(systems.duckdb_floor, parquet)
+    assert systems.duckdb_live(con) == expected, "DuckDB disagrees with the model"
 
     if args.incremental:  # compaction grows with dirty bytes, not with the clean table
         more = max(n // 100, 1000)

@@ -1,5 +1,6 @@
-"""The systems under comparison. Each takes the same generated stream and returns the set of
-live keys it ends with, so the comparison is fair; the harness times them."""
+"""The systems under comparison. Each takes the same generated stream and leaves its result
+in a table; the harness times that, then reads the live keys each one ended with (untimed:
+checking is not part of any system's work) to hold them to the same answer."""
 
 from __future__ import annotations
 
@@ -40,10 +41,14 @@ def ours_ingest(settings: Settings) -> None:
     run_ingest(settings)
 
 
-def ours_compact(settings: Settings) -> set[str]:
+def ours_compact(settings: Settings) -> None:
     run_compaction(settings, ["items"], force=True)
-    t = load_catalog(settings).load_table(f"{settings.catalog.namespace}.items")
-    return set(t.scan(selected_fields=("_key",)).to_arrow()["_key"].to_pylist())
+
+
+def live(settings: Settings, table: str, key: str) -> set[str]:
+    """The keys of an Iceberg table of the namespace (what a system ended with)."""
+    t = load_catalog(settings).load_table(f"{settings.catalog.namespace}.{table}")
+    return set(t.scan(selected_fields=(key,)).to_arrow()[key].to_pylist())
 
 
 def split_files(src: Path, out: Path, batch: int) -> Path:
@@ -58,7 +63,7 @@ def split_files(src: Path, out: Path, batch: int) -> Path:
     return out
 
 
-def naive_spark_merge(spark, settings: Settings, batches_dir: Path, checkpoint: Path) -> set[str]:
+def naive_spark_merge(spark, settings: Settings, batches_dir: Path, checkpoint: Path) -> None:
     """What most users write first: Structured Streaming, foreachBatch, dedupe the batch, MERGE INTO."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -88,10 +93,9 @@ def naive_spark_merge(spark, settings: Settings, batches_dir: Path, checkpoint: 
              .writeStream.foreachBatch(merge).trigger(availableNow=True)
              .option("checkpointLocation", str(checkpoint)).start())
     query.awaitTermination()
-    return {r[0] for r in spark.table(target).select("k").collect()}
 
 
-def pyiceberg_upsert(settings: Settings, src: Path, batch: int) -> set[str]:
+def pyiceberg_upsert(settings: Settings, src: Path, batch: int) -> None:
     """What a Python user reaches for: `table.upsert` per batch (plus `delete` for deletes)."""
     from pyiceberg.expressions import In
 
@@ -119,7 +123,6 @@ def pyiceberg_upsert(settings: Settings, src: Path, batch: int) -> set[str]:
                 table.upsert(pa.Table.from_pylist(live, schema=schema), join_cols=["k"])
             if gone:
                 table.delete(In("k", gone))
-    return set(catalog.load_table(name).scan(selected_fields=("k",)).to_arrow()["k"].to_pylist())
 
 
 def to_parquet(src: Path, dst: Path) -> Path:
@@ -138,10 +141,15 @@ def to_parquet(src: Path, dst: Path) -> Path:
     return dst
 
 
-def duckdb_floor(parquet: Path) -> set[str]:
-    """The floor for the dedupe step: DuckDB latest-per-key over events already in Parquet."""
+def duckdb_floor(parquet: Path):
+    """The floor for the dedupe step: DuckDB latest-per-key over events already in Parquet,
+    into an in-memory table (returned: its connection, for `duckdb_live`)."""
     import duckdb
 
-    rows = duckdb.sql(f"SELECT k FROM (SELECT k, arg_max(op, off) AS op FROM read_parquet('{parquet}') "
-                      "GROUP BY k) WHERE op != 'd'").fetchall()
-    return {r[0] for r in rows}
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE latest AS SELECT k, arg_max(op, off) AS op FROM read_parquet('{parquet}') GROUP BY k")
+    return con
+
+
+def duckdb_live(con) -> set[str]:
+    return {r[0] for r in con.execute("SELECT k FROM latest WHERE op != 'd'").fetchall()}
