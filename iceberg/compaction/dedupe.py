@@ -226,8 +226,10 @@ def packed_latest(candidates: DataFrame, packing: Packing, ordering: Ordering) -
     """Per key, the newest candidate by the ordering rule, by hash aggregation over longs.
 
     Returns `_key`, `_irregular` (the key needs the general route), and for the others the
-    winner: `_win_held`, `_partition_id`, `_sequence_number`, and `_carried` (the position a
-    winning position-less candidate takes, else null).
+    winner: `_win_held`, `_partition_id`, `_sequence_number`, `_id` (its packed log key,
+    `Packing.log_key_col`: one long per event of a topic), and under the source ordering
+    `_position`, its source position (a winning position-less candidate's carried one),
+    unpacked from the order key, so the winners' rows need not read the log's list column.
 
     Why one aggregation suffices: position-less candidates (bare tombstones) take the highest
     position before them in log order, so only the last one in log order can win (a held or
@@ -275,5 +277,8 @@ def packed_latest(candidates: DataFrame, packing: Packing, ordering: Ordering) -
         (~bare_wins & o_h.isNotNull() & (o_h == o_w)).alias("_win_held"),
         F.shiftright(win, sb).cast("int").alias("_partition_id"),
         (win.bitwiseAND(F.lit((1 << sb) - 1)) + F.lit(packing.seq_min)).alias("_sequence_number"),
-        F.when(bare_wins & o_w.isNotNull(), packing.position_of(F.shiftright(o_w, ps))).alias("_carried"),
+        win.alias("_id"),
+        # the positioned winner's own position, or the one a bare winner carries: both are o_w's
+        (F.when(o_w.isNotNull(), packing.position_of(F.shiftright(o_w, ps))) if ordering == "source"
+         else F.lit(None).cast(POSITION_TYPE)).alias("_position"),
     )

@@ -74,7 +74,6 @@ def range_filter(ranges: list[CleanRange]) -> str:
 # round carry narrow rows whatever the payload width.
 _PAYLOAD = ("after", "after_types")
 _EVENT_ID = ["_topic", "_partition_id", "_sequence_number"]
-_WINNER_ID = ["_key", "_partition_id", "_sequence_number"]
 # log column names of the candidate columns that are not just the name without its underscore
 _LOG_NAMES = {"_partition_id": "partition", "_source_ts": "source_ts_ms"}
 # What the packed route orders candidates by (the only columns it reads of every dirty event).
@@ -137,15 +136,23 @@ def _winners(candidates: DataFrame, ordered: DataFrame, held_rows: DataFrame | N
     counts = {c: sum(r[c] for r in by_partition) for c in ("n", "irr", "new")}
     step(f"dedupe of {counts['n']:,} keys (packed order key)")
     regular = per_key.where(~F.col("_irregular"))
-    new = regular.where(~F.col("_win_held")).select(_WINNER_ID + ["_carried"])
+    # The winners' log rows, found by their packed log key (one long: a dense broadcast
+    # lookup); two topics may share one, so a multi-topic round also matches the key.
+    by = ["_key", "_id"] if multi_topic else ["_id"]
+    new = regular.where(~F.col("_win_held")).select(*by, "_position")
     # Winners are mostly recent events: read only the log files at or past the first winner
     # of each partition (Iceberg prunes the rest by their sequence-number bounds).
     floors = [r for r in by_partition if r["s"] is not None]
     since = " OR ".join(f"(partition = {r['_partition_id']} AND sequence_number >= {r['s']})" for r in floors)
+    # Under the source ordering the position comes unpacked with the winner, so the read has no
+    # list column and Iceberg reads it vectorized.
+    from_log = [c for c in dedupe.CANDIDATE_COLUMNS if c != "_held" and (ordering == "log" or c != "_source_position")]
     log = dirty.where(f"({since}) AND op != 't'" if floors else "false").select(
-        *[F.col(_LOG_NAMES.get(c, c[1:])).alias(c) for c in dedupe.CANDIDATE_COLUMNS if c != "_held"])
-    got = log.join(F.broadcast(new) if counts["new"] <= BROADCAST_WINNERS else new, _WINNER_ID)
-    got = got.withColumn("_source_position", F.coalesce(F.col("_carried"), F.col("_source_position")))
+        *[F.col(_LOG_NAMES.get(c, c[1:])).alias(c) for c in from_log],
+        packing.log_key_col(F.col("partition"), F.col("sequence_number")).alias("_id"))
+    got = log.join(F.broadcast(new) if counts["new"] <= BROADCAST_WINNERS else new, by)
+    if ordering == "source":
+        got = got.withColumn("_source_position", F.col("_position"))
     got = got.withColumn("_held", F.lit(False))
     if multi_topic:  # two topics may hold the same (key, partition, sequence number): keep one
         got = got.dropDuplicates(["_key"])
