@@ -11,6 +11,7 @@ import pyarrow.json as pj
 
 from connector.debezium import _key_text
 
+_NULL_TEXT = pa.scalar(None, pa.string())
 _SPARK_TYPES = {pa.int64(): "bigint", pa.float64(): "double", pa.bool_(): "boolean", pa.string(): "string"}
 
 
@@ -115,31 +116,46 @@ def after_json(after: pa.StructArray) -> tuple[pa.Array, pa.Array, pa.Array]:
     slow route (an integral float, a string with a control character)."""
     n = len(after)
     bad = pa.repeat(pa.scalar(False), n)
-    values, types = [], []
+    columns = []  # (name as JSON, column, value text without quotes, quoted, Spark type)
     for i, f in sorted(enumerate(after.type), key=lambda x: x[1].name):
         if f.type == pa.null():
             continue
-        col = pc.struct_field(after, [i])
+        col = pc.struct_field(after, [i])  # null where the after-image is null, too
         if f.type == pa.string():
+            text = col
             if pc.any(pc.match_substring_regex(col, r'[\x00-\x1f"\\]')).as_py():  # rare: escape
                 bad = pc.or_kleene(bad, pc.match_substring_regex(col, r"[\x00-\x1f]").fill_null(False))
-                col = pc.replace_substring(pc.replace_substring(col, "\\", "\\\\"), '"', '\\"')
-            text = pc.binary_join_element_wise('"', col, '"', "")
+                text = pc.replace_substring(pc.replace_substring(col, "\\", "\\\\"), '"', '\\"')
         else:
             if f.type == pa.float64():
                 bad = pc.or_kleene(bad, pc.equal(pc.floor(col), col).fill_null(False))
             text = col.cast(pa.string())
-        name = orjson.dumps(f.name).decode()
-        values.append(pc.binary_join_element_wise(name + ":", text, ",", "").fill_null(""))
-        types.append(pc.if_else(pc.is_valid(col), f'{name}:"{_SPARK_TYPES[f.type]}",', ""))
-    if not values:
+        columns.append((orjson.dumps(f.name).decode(), col, text, f.type == pa.string(), _SPARK_TYPES[f.type]))
+    if not columns:
         return pa.repeat(pa.scalar("{}"), n), pa.nulls(n, pa.string()), bad
+    if all(c[1].null_count == after.null_count for c in columns):
+        # Nulls only where the whole after-image is null (the usual case): one join writes each
+        # row's object, and the types are one text for every row.
+        parts, close = [], ""
+        for k, (name, _, text, quoted, _) in enumerate(columns):
+            q = '"' if quoted else ""
+            parts += [close + ("{" if k == 0 else ",") + name + ":" + q, text]
+            close = q
+        after_text = pc.binary_join_element_wise(*parts, close + "}", "")
+        types = "{" + ",".join(f'{name}:"{spark}"' for name, *_, spark in columns) + "}"
+        return after_text, pc.if_else(pc.is_valid(after), types, _NULL_TEXT), bad
+    values, types = [], []
+    for name, col, text, quoted, spark in columns:
+        if quoted:
+            text = pc.binary_join_element_wise('"', text, '"', "")
+        values.append(pc.binary_join_element_wise(name + ":", text, ",", "").fill_null(""))
+        types.append(pc.if_else(pc.is_valid(col), f'{name}:"{spark}",', ""))
     # Each fragment ends with a comma, the last one is cut. (Arrow 26's null_handling="skip"
     # returned fewer rows than it was given here, so nulls are emptied instead.)
     body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*values, ""), 0, -1)
     type_body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*types, ""), 0, -1)
     after_text = pc.binary_join_element_wise("{", body, "}", "")
-    types_text = pc.if_else(pc.equal(type_body, ""), pa.scalar(None, pa.string()),
+    types_text = pc.if_else(pc.equal(type_body, ""), _NULL_TEXT,
                             pc.binary_join_element_wise("{", type_body, "}", ""))
     return after_text, types_text, bad
 

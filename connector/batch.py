@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connector.arrow_json import after_json, json_objects, key_texts, mapped, mask_at, parse
+from connector.arrow_json import _NULL_TEXT, after_json, json_objects, key_texts, mapped, mask_at, parse
 from connector.debezium import Decoder, _source_table
 from connector.errors import DecodeError
 from connector.ordering import SNAPSHOT_MARKERS
@@ -37,7 +37,6 @@ RECORD_SCHEMA = pa.schema([pa.field("key", pa.binary()) if n == "key" else LOG_S
     "topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value", "headers")])
 FAST_OPS = pa.array(["c", "u", "d", "r"])
 _SCALARS = (pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.null())
-_NULL_TEXT = pa.scalar(None, pa.string())
 
 
 def _headers(r: SourceRecord) -> str | None:
@@ -146,11 +145,19 @@ def _types_json(types: dict[str, str], memo: dict[int, tuple[dict, str]]) -> str
     return hit[1]
 
 
+def _take(data: pa.Table | pa.Array | pa.ChunkedArray, idx: pa.Array):
+    """`data.take(idx)` for ascending `idx`; a slice, without copying, when the rows are
+    consecutive (a chunk of one topic's records, usually)."""
+    if len(idx) and idx[-1].as_py() - idx[0].as_py() == len(idx) - 1:
+        return data.slice(idx[0].as_py(), len(idx))
+    return data.take(idx)
+
+
 def _with_record_columns(batch: RecordBatch, idx: pa.Array, columns: dict[str, pa.Array], now: datetime) -> pa.Table:
-    """Log rows: the batch's own columns for rows `idx`, plus the decoded `columns`."""
-    rows = batch.table.take(idx)
+    """Log rows: the batch's own columns for rows `idx` (ascending), plus the decoded `columns`."""
+    rows = _take(batch.table, idx)
     own = {n: rows[n] for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "value", "headers")}
-    own["payload_bytes"] = batch.nbytes.take(idx)
+    own["payload_bytes"] = _take(batch.nbytes, idx)
     own["ingested_at"] = pa.repeat(pa.scalar(now, UTC_TS), len(idx))
     merged = {**own, **columns}
     return pa.Table.from_arrays([merged[n] for n in LOG_SCHEMA.names], schema=LOG_SCHEMA)
@@ -283,7 +290,7 @@ def _column(parent: pa.Table | pa.StructArray, name: str, types: tuple[pa.DataTy
 def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: datetime) -> dict[str, Rows]:
     """Rows per table for the records `idx` (one topic's) that the Arrow route can take;
     none if the values do not have the common shape."""
-    t = parse(batch.table["value"].take(idx).combine_chunks())
+    t = parse(_take(batch.table["value"], idx).combine_chunks())
     if t is None or "payload" in t.schema.names or "op" not in t.schema.names:
         return {}
     n = t.num_rows
@@ -305,7 +312,7 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
 
     is_d = pc.equal(op, "d")
     after_text, types_text, bad = after_json(after)
-    keys = key_texts(batch.table["key"].take(idx).combine_chunks())
+    keys = key_texts(_take(batch.table["key"], idx).combine_chunks())
     tables = mapped(table_text, _table_or_none)
     ok = pc.and_kleene(pc.is_in(op, FAST_OPS), pc.is_valid(source))
     for cond in (pc.equal(pc.utf8_lower(connector), "postgresql"), pc.is_valid(lsn), pc.is_valid(tables),
@@ -331,6 +338,9 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     out: dict[str, Rows] = {}
     for table in pc.unique(tables.filter(ok)).to_pylist():
         mask = pc.and_(ok, pc.equal(tables, table))
+        if pc.all(mask.fill_null(False)).as_py():  # the usual case: every record, one table
+            out[table] = Rows(_with_record_columns(batch, idx, columns, now), idx)
+            continue
         taken = idx.filter(mask)
         out[table] = Rows(_with_record_columns(batch, taken, {c: a.filter(mask) for c, a in columns.items()}, now),
                           taken)
