@@ -338,12 +338,9 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     out: dict[str, Rows] = {}
     for table in pc.unique(tables.filter(ok)).to_pylist():
         mask = pc.and_(ok, pc.equal(tables, table))
-        if pc.all(mask.fill_null(False)).as_py():  # the usual case: every record, one table
-            out[table] = Rows(_with_record_columns(batch, idx, columns, now), idx)
-            continue
-        taken = idx.filter(mask)
-        out[table] = Rows(_with_record_columns(batch, taken, {c: a.filter(mask) for c, a in columns.items()}, now),
-                          taken)
+        taken, cols = ((idx, columns) if pc.all(mask.fill_null(False)).as_py()  # usual: every record, one table
+                       else (idx.filter(mask), {c: a.filter(mask) for c, a in columns.items()}))
+        out[table] = Rows(_with_record_columns(batch, taken, cols, now), taken)
     return out
 
 

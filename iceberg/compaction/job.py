@@ -139,7 +139,7 @@ def _winners(candidates: DataFrame, ordered: DataFrame, held_rows: DataFrame | N
     # The winners' log rows, found by their packed log key (one long: a dense broadcast
     # lookup); two topics may share one, so a multi-topic round also matches the key.
     by = ["_key", "_id"] if multi_topic else ["_id"]
-    new = regular.where(~F.col("_win_held")).select(*by, "_position")
+    new = regular.where(~F.col("_win_held")).select(*by, *(["_position"] if ordering == "source" else []))
     # Winners are mostly recent events: read only the log files at or past the first winner
     # of each partition (Iceberg prunes the rest by their sequence-number bounds).
     floors = [r for r in by_partition if r["s"] is not None]
