@@ -16,17 +16,20 @@ from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import CompactionPolicy
 from iceberg.compaction.stats import load_optional, stream_stats
 from iceberg.layouts import TableNames, source_tables
+from iceberg.maintenance import MaintenancePolicy
 from quotas.ledger import QuotaGate, table_quota, validate
 
 
 def policy_of(settings: Settings) -> CompactionPolicy:
-    c = settings.compaction
+    c, m = settings.compaction, settings.maintenance
     return CompactionPolicy(
         ordering=c.ordering,
         min_cleanable_dirty_ratio=c.min_cleanable_dirty_ratio,
         min_compaction_lag=timedelta(seconds=c.min_compaction_lag_seconds),
         max_compaction_lag=timedelta(seconds=c.max_compaction_lag_seconds) if c.max_compaction_lag_seconds else None,
         tombstone_retention=timedelta(hours=c.tombstone_retention_hours),
+        maintenance=MaintenancePolicy(snapshot_retention=timedelta(hours=m.snapshot_retention_hours),
+                                      rewrite_files=m.rewrite_files, enabled=m.enabled),
     )
 
 

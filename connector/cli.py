@@ -92,10 +92,11 @@ def _do_compact(settings: Settings, tables: Optional[list[str]], force: bool, no
         reports = run_compaction(settings, tables, force, now,
                                  on_table=lambda t: st.update(f"compacting {t}"))
     table = Table("table", "streams", "events", "keys", "upserts", "deletes", "stale", "truncates", "purged",
-                  "seconds", title="compaction")
+                  "maintenance", "seconds", title="compaction")
     for r in reports:
         table.add_row(r.table, str(len(r.ranges)), f"{r.events:,}", f"{r.keys:,}", f"{r.upserts:,}",
-                      f"{r.deletes:,}", f"{r.stale:,}", str(r.truncates), f"{r.purged:,}", f"{r.seconds:.1f}")
+                      f"{r.deletes:,}", f"{r.stale:,}", str(r.truncates), f"{r.purged:,}",
+                      "\n".join(r.maintenance) or "-", f"{r.seconds:.1f}")
     console.print(table)
     return reports
 
@@ -113,7 +114,8 @@ def compact(config: Optional[Path] = ConfigOpt,
             table: Optional[list[str]] = typer.Option(None, "--table", "-t", help="only this source table (repeat)"),
             force: bool = typer.Option(False, help="clean every cleanable range, ignoring min_cleanable_dirty_ratio"),
             ) -> None:
-    """Run the Spark cleaner on the tables whose dirty ratio (or max_compaction_lag) makes them due."""
+    """Run the Spark cleaner on the tables whose dirty ratio (or max_compaction_lag) makes them due,
+    then rewrite small files and expire old snapshots of the state and tombstones where due ([maintenance])."""
     settings = _settings(config)
     _guard(lambda: _do_compact(settings, table, force))
 

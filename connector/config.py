@@ -158,6 +158,15 @@ class CompactionConfig(_Section):
                            "(else compaction runs after ingest in `run`, or as its own `compact` job)")
 
 
+class MaintenanceConfig(_Section):
+    enabled: bool = Field(True, description="after each compaction round, rewrite and expire what is due")
+    snapshot_retention_hours: float = Field(
+        1.0, ge=0.0, description="state and tombstone snapshots kept (time travel); older ones are expired with "
+                                 "their files, never the newest one carrying the cleaner points")
+    rewrite_files: int = Field(16, gt=0, description="rewrite a table's small files once it holds this many more "
+                                                     "data files than its bytes need (or a fifth of its rows are deleted)")
+
+
 class TableConfig(_Section):
     key_fields: list[str] = Field(default_factory=list, description="payload fields forming the key")
     tier: str | None = Field(None, description="Event Hubs tier of this table; default quotas.default_tier")
@@ -200,6 +209,7 @@ class Settings(BaseSettings):
     catalog: CatalogConfig = CatalogConfig()
     source: SourceConfig = SourceConfig()
     compaction: CompactionConfig = CompactionConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
     spark: SparkConfig = SparkConfig()
     quotas: QuotaConfig = QuotaConfig()
     tables: dict[str, TableConfig] = Field(default_factory=dict)

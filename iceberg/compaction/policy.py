@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from connector.ordering import Ordering
+from iceberg.maintenance import MaintenancePolicy
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class CompactionPolicy:
     max_compaction_lag: timedelta | None = None
     tombstone_retention: timedelta = timedelta(hours=24)
     packed: bool = True  # the packed order key where a round fits (False: always the general route)
+    maintenance: MaintenancePolicy = MaintenancePolicy()  # after each round (`iceberg.maintenance`)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from iceberg.catalog import load_catalog
 from iceberg.compaction.job import compact
 from iceberg.compaction.stats import load_optional
 from iceberg.layouts import TableNames
+from iceberg.maintenance import MaintenancePolicy
 
 NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
@@ -34,8 +35,10 @@ def names(settings: Settings, table: str) -> TableNames:
 
 
 def compact_table(spark, settings: Settings, table: str, now: datetime = NOW, force: bool = True,
-                  packed: bool = True):
+                  packed: bool = True, maintenance: MaintenancePolicy | None = None):
     policy = dataclasses.replace(policy_of(settings), packed=packed)
+    if maintenance is not None:
+        policy = dataclasses.replace(policy, maintenance=maintenance)
     return compact(spark, load_catalog(settings), names(settings, table), policy, now, force)
 
 

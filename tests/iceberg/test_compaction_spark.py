@@ -10,6 +10,8 @@ import pytest
 
 from connector.config import TableConfig
 from iceberg.catalog import load_catalog
+from iceberg.compaction.stats import cleaner_points
+from iceberg.maintenance import MaintenancePolicy, shape_of
 from tests.conftest import kcat_lines
 from tests.iceberg.helpers import (NOW, compact_table, decoded, names, offsets_by_key, run_ingest, with_source,
                                    write_lines)
@@ -123,3 +125,43 @@ def test_min_compaction_lag_holds_back_young_events(spark, settings, tmp_path):
     report = compact_table(spark, s, "things", force=False)
     assert [(r.start, r.end) for r in report.ranges] == [(0, 1)]
     assert offsets_by_key(s, names(s, "things").state) == {'{"id":1}': "0"}
+
+
+def test_maintenance_bounds_files_and_snapshots_and_keeps_the_cleaner_points(spark, settings, tmp_path):
+    """Rounds of updates leave small data files, delete files and snapshots behind; a round
+    with maintenance due rewrites and expires them, and the next round still starts at the
+    cleaner points and ends with the model's tables."""
+    f, values, keys = tmp_path / "in.jsonl", [], []
+    s = with_source(settings, f)
+    t = names(s, "things")
+    catalog = load_catalog(s)
+
+    def round_of(i: int, maintenance: MaintenancePolicy):
+        values.extend([_pg("c" if i == 0 else "u", k, 10 * i + k) for k in range(3)] + ([_pg("d", 0, 10 * i + 5)]
+                                                                                          if i == 2 else []))
+        keys.extend([{"id": k} for k in range(3)] + ([{"id": 0}] if i == 2 else []))
+        write_lines(f, kcat_lines("db.s.things", values, keys))
+        run_ingest(s)
+        return compact_table(spark, s, "things", maintenance=maintenance)
+
+    for i in range(3):
+        assert round_of(i, MaintenancePolicy(enabled=False)).maintenance == []
+    before = shape_of(catalog.load_table(t.state))
+    assert before.data_files >= 3 and before.delete_files >= 1
+    assert len(catalog.load_table(t.state).snapshots()) >= 3
+    eager = MaintenancePolicy(snapshot_retention=timedelta(0), rewrite_files=2, expire_batch=1)
+    report = round_of(3, eager)
+    assert f"rewrite {t.state}" in report.maintenance
+    assert any(a.startswith(f"expire {t.state} ") for a in report.maintenance)
+    state = catalog.load_table(t.state)
+    after = shape_of(state)
+    assert (after.data_files, after.delete_files) == (1, 0), "small files joined, dangling deletes dropped"
+    # the round's own snapshot (with the cleaner points) and the two rewrites after it
+    assert len(state.snapshots()) == 3
+    assert cleaner_points(state) == {"db.s.things:0": len(values)}
+    assert offsets_by_key(s, t.state) == expected_tables(decoded(f, s), "source")[0]
+    report = round_of(4, eager)
+    assert report.events == 3, "the next round starts at the cleaner points"
+    state_rows, tomb_rows = expected_tables(decoded(f, s), "source")
+    assert offsets_by_key(s, t.state) == state_rows
+    assert offsets_by_key(s, t.tombstones) == tomb_rows

@@ -6,17 +6,20 @@ from __future__ import annotations
 import itertools
 import json
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st
 
 from iceberg.catalog import load_catalog
+from iceberg.maintenance import MaintenancePolicy
 from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
 from tests.model import expected_tables, survivors
 
 pytestmark = pytest.mark.spark
 _ns = itertools.count()
+EAGER = MaintenancePolicy(snapshot_retention=timedelta(0), rewrite_files=1, expire_batch=1)
 
 event = st.tuples(
     st.integers(0, 3),  # key; its partition is key % 2, as a partitioner would place it
@@ -47,12 +50,14 @@ def to_lines(stream) -> list[str]:
 @hsettings(max_examples=12, deadline=None, derandomize=True,
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(stream=st.lists(event, min_size=1, max_size=25), cuts=st.lists(st.integers(1, 40), max_size=2),
-       ordering=st.sampled_from(["source", "log"]), packed=st.booleans())
+       ordering=st.sampled_from(["source", "log"]), packed=st.booleans(), maintain=st.booleans())
 # a delete and its bare tombstone in one round: the tombstone wins and carries the delete's position
-@example(stream=[(0, "c", 1, False), (0, "d", 2, True)], cuts=[], ordering="source", packed=True)
-def test_random_stream_in_random_batches_matches_the_model(spark, settings, stream, cuts, ordering, packed):
+@example(stream=[(0, "c", 1, False), (0, "d", 2, True)], cuts=[], ordering="source", packed=True, maintain=False)
+def test_random_stream_in_random_batches_matches_the_model(spark, settings, stream, cuts, ordering, packed, maintain):
     """`packed`: the packed order key where a round fits (as in production), else the general
-    route (the window) for every round."""
+    route (the window) for every round. `maintain`: after every round, a table with more than
+    one data file is rewritten and every snapshot that may go is expired (later rounds find
+    their cleaner points after that)."""
     lines = to_lines(stream)
     path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
     s = with_source(settings.model_copy(update={"catalog": settings.catalog.model_copy(
@@ -62,7 +67,7 @@ def test_random_stream_in_random_batches_matches_the_model(spark, settings, stre
     for b in bounds:
         run_ingest(s, max_records=b - done)
         done = b
-        compact_table(spark, s, "things", packed=packed)
+        compact_table(spark, s, "things", packed=packed, maintenance=EAGER if maintain else None)
     events = decoded(path, s)
     state, tombs = expected_tables(events, ordering)
     assert offsets_by_key(s, names(s, "things").state) == state

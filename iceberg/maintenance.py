@@ -1,0 +1,118 @@
+"""Maintenance of the state and tombstone tables after a compaction round.
+
+Every round MERGEs into both tables (merge-on-read): new and updated rows go to new small
+data files, deleted rows to position-delete files that each later read applies, and every
+commit adds a snapshot. Left alone, a round costs more the more rounds came before it
+(measured: 40 rounds of 10k events into a 1M-key state took the state MERGE 1.7 -> 2.5 s
+and the planning 0.2 -> 0.6 s, with 43 data files and 42 delete files in the state). So,
+after a round, per table:
+
+- **rewrite** when it holds `rewrite_files` more data files than its bytes need at its
+  target file size, or a fifth of its rows are deleted: Iceberg's `rewrite_data_files`
+  (bin-pack: small files joined, files with many deleted rows rewritten without them),
+  then `rewrite_position_delete_files` drops the delete files that refer to no live row;
+- **expire** its snapshots older than `snapshot_retention` (time travel reaches that far
+  back), with the files only they refer to (`expire_snapshots`), once `expire_batch` of
+  them are due. Never the newest snapshot carrying the cleaner points: a rewrite's own
+  snapshot has none, and they are read from the newest ancestor that has them.
+
+The decisions are pure (`rewrite_due`, `expire_before`); `maintain` runs them on Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+DELETED_RATIO = 0.2  # deleted rows over rows in data files that make a rewrite due
+TARGET_FILE_BYTES = 512 << 20  # Iceberg's default `write.target-file-size-bytes`
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    snapshot_retention: timedelta = timedelta(hours=1)
+    rewrite_files: int = 16
+    expire_batch: int = 8
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What a table's current snapshot summary says of its files."""
+
+    data_files: int = 0
+    delete_files: int = 0
+    data_bytes: int = 0
+    records: int = 0
+    deleted_rows: int = 0
+    target_file_bytes: int = TARGET_FILE_BYTES
+
+
+def rewrite_due(shape: TableShape, policy: MaintenancePolicy) -> bool:
+    needed = max(1, -(-shape.data_bytes // shape.target_file_bytes))
+    return (shape.data_files - needed >= policy.rewrite_files
+            or (shape.records > 0 and shape.deleted_rows >= DELETED_RATIO * shape.records))
+
+
+def expire_before(snapshots: list[tuple[int, bool]], now_ms: int, policy: MaintenancePolicy) -> int | None:
+    """The `older_than` (ms) to expire at, or None when fewer than `expire_batch` snapshots
+    are due. `snapshots`: (timestamp ms, carries the cleaner points) of the table's snapshots;
+    the newest one carrying them (or, where none does, the newest) is never due."""
+    keep = [ts for ts, carries in snapshots if carries] or [ts for ts, _ in snapshots]  # and all after it
+    cutoff = min(now_ms - int(policy.snapshot_retention.total_seconds() * 1000), max(keep, default=now_ms))
+    due = sum(1 for ts, _ in snapshots if ts < cutoff)
+    return cutoff if due >= policy.expire_batch else None
+
+
+def shape_of(table: "Table") -> TableShape:
+    snapshot = table.current_snapshot()
+    if snapshot is None or snapshot.summary is None:
+        return TableShape()
+    p = snapshot.summary.additional_properties
+    number = lambda k: int(p.get(k, 0))  # noqa: E731
+    return TableShape(number("total-data-files"), number("total-delete-files"), number("total-files-size"),
+                      number("total-records"), number("total-position-deletes"),
+                      int(table.properties.get("write.target-file-size-bytes", TARGET_FILE_BYTES)))
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def maintain(spark: "SparkSession", catalog: "Catalog", catalog_name: str, tables: dict[str, str | None],
+             policy: MaintenancePolicy) -> list[str]:
+    """Rewrites and expires what is due in `tables` ({name: snapshot property that must stay
+    reachable, or None}); returns what it did, e.g. ["rewrite ns.t", "expire ns.t (12)"]."""
+    if not policy.enabled:
+        return []
+    done = []
+    call = f"CALL `{catalog_name.replace('`', '``')}`.system."
+    for name, marker in tables.items():
+        table = catalog.load_table(name)
+        if rewrite_due(shape_of(table), policy):
+            spark.sql(f"{call}rewrite_data_files(table => {_literal(name)}, options => map('min-input-files', '2'))")
+            spark.sql(f"{call}rewrite_position_delete_files(table => {_literal(name)}, "
+                      "options => map('rewrite-all', 'true'))")
+            done.append(f"rewrite {name}")
+            table = catalog.load_table(name)
+        snapshots = [(s.timestamp_ms, bool(marker and s.summary and marker in s.summary.additional_properties))
+                     for s in table.snapshots()]
+        now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)  # snapshots carry wall-clock times
+        cutoff = expire_before(snapshots, now_ms, policy)
+        if cutoff is not None:
+            when = datetime.fromtimestamp(cutoff / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+            spark.sql(f"{call}expire_snapshots(table => {_literal(name)}, older_than => TIMESTAMP '{when}', "
+                      "retain_last => 1)")
+            done.append(f"expire {name} ({sum(1 for ts, _ in snapshots if ts < cutoff)})")
+    if done:
+        log.info("maintenance: %s", ", ".join(done))
+    return done

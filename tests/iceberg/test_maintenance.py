@@ -1,0 +1,53 @@
+"""When maintenance rewrites a table and which snapshots it expires (pure, no Spark)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from iceberg.maintenance import MaintenancePolicy, TableShape, expire_before, rewrite_due
+
+MB = 1 << 20
+POLICY = MaintenancePolicy(snapshot_retention=timedelta(hours=1), rewrite_files=16, expire_batch=3)
+HOUR = 3_600_000
+NOW = 100 * HOUR
+
+
+@pytest.mark.parametrize("shape, due", [
+    (TableShape(), False),  # no snapshot yet
+    (TableShape(data_files=16, data_bytes=40 * MB, records=1000), False),  # 15 more than 40 MB need
+    (TableShape(data_files=17, data_bytes=40 * MB, records=1000), True),
+    # a big table's files are not "small": 1 GB at 64 MB a file needs 16 of them
+    (TableShape(data_files=31, data_bytes=1024 * MB, records=1000, target_file_bytes=64 * MB), False),
+    (TableShape(data_files=32, data_bytes=1024 * MB, records=1000, target_file_bytes=64 * MB), True),
+    (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=1000, deleted_rows=199), False),
+    (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=1000, deleted_rows=200), True),
+])
+def test_rewrite_when_files_exceed_what_the_bytes_need_or_a_fifth_is_deleted(shape, due):
+    assert rewrite_due(shape, POLICY) is due
+
+
+def test_expires_once_a_batch_is_older_than_the_retention():
+    old = [(NOW - 5 * HOUR + i, False) for i in range(3)]
+    assert expire_before(old + [(NOW, True)], NOW, POLICY) == NOW - HOUR
+    assert expire_before(old[:2] + [(NOW, True)], NOW, POLICY) is None  # fewer than the batch
+    young = [(NOW - HOUR + 1 + i, False) for i in range(5)]  # within the retention: kept
+    assert expire_before(young + [(NOW, True)], NOW, POLICY) is None
+
+
+def test_never_expires_the_newest_snapshot_with_the_cleaner_points():
+    """Rewrites after the last round carry no cleaner points: the round's snapshot stays."""
+    marked = NOW - 3 * HOUR
+    snapshots = [(marked - 3, True), (marked - 2, False), (marked - 1, True), (marked, True),
+                 (marked + 1, False), (marked + 2, False)]
+    cutoff = expire_before(snapshots, NOW, POLICY)
+    assert cutoff == marked
+    assert [s for s in snapshots if s[0] >= cutoff] == snapshots[3:]
+
+
+def test_retention_zero_keeps_only_from_the_newest_marked_snapshot():
+    p = MaintenancePolicy(snapshot_retention=timedelta(0), expire_batch=1)
+    assert expire_before([(1, True), (2, True)], 3, p) == 2
+    assert expire_before([(1, False), (2, False)], 3, p) == 2  # no marker (tombstones): all but the newest
+    assert expire_before([(2, True)], 3, p) is None
