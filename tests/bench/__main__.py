@@ -89,23 +89,29 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
     con, fig["duckdb_floor_s"] = timed(systems.duckdb_floor, parquet)
     assert systems.duckdb_live(con) == expected, "DuckDB disagrees with the model"
 
-    if args.incremental:  # compaction grows with dirty bytes, not with the clean table
+    if args.incremental:  # compaction grows with dirty bytes, not with the clean table (nor its history)
         more = max(n // 100, 1000)
         extra = work / "more.jsonl"
-        generate(extra, more, k * 10, args.partitions, args.width, seed=2, lsn0=10 * n)  # newer positions
-        with src.open("a") as f:  # same topic, offsets continue per partition
-            last = {}
-            for line in src.open():
-                r = json.loads(line)
-                last[r["partition"]] = r["offset"]
-            for line in extra.open():
-                r = json.loads(line)
-                last[r["partition"]] += 1
-                r["offset"], r["topic"] = last[r["partition"]], TOPIC
-                f.write(json.dumps(r) + "\n")
-        systems.ours_ingest(settings)
-        _, fig["ours_incremental_compact_s"] = timed(systems.ours_compact, settings)
-        fig["incremental_events"] = more
+        last = {}
+        for line in src.open():
+            r = json.loads(line)
+            last[r["partition"]] = r["offset"]
+        rounds = []
+        for i in range(args.rounds):
+            generate(extra, more, k * 10, args.partitions, args.width, seed=2 + i, lsn0=10 * n * (i + 1))  # newer
+            with src.open("a") as f:  # same topic, offsets continue per partition
+                for line in extra.open():
+                    r = json.loads(line)
+                    last[r["partition"]] += 1
+                    r["offset"], r["topic"] = last[r["partition"]], TOPIC
+                    f.write(json.dumps(r) + "\n")
+            systems.ours_ingest(settings)
+            rounds.append(round(timed(systems.ours_compact, settings)[1], 2))
+            if args.rounds > 1:
+                console.print(f"incremental round {i + 1} of {args.rounds}: compaction {rounds[-1]:.2f} s")
+        assert systems.live(settings, "items", "_key") == live_keys(src), "the rounds disagree with the model"
+        fig["ours_incremental_compact_s"], fig["incremental_events"] = rounds[0], more
+        fig["ours_rounds_s"] = rounds
 
     fig["python_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     fig["jvm_peak_rss_mb"] = jvm_peak_rss_mb(spark)
@@ -146,6 +152,14 @@ def report(figs: list[dict]) -> None:
         files.add_row(f"{f['events']:,}", f"{f['keys']:,}", mb("items__log"), mb("items"), mb("items__tombstones"),
                       mb("naive"), f"{inc:.1f} ({f['incremental_events']:,})" if inc else "-")
     console.print(files)
+    for f in figs:
+        rounds = f.get("ours_rounds_s", [])
+        if len(rounds) > 1:
+            tenth = max(1, len(rounds) // 10)
+            console.print(f"N={f['events']:,} K={f['keys']:,}: {len(rounds)} incremental rounds of "
+                          f"{f['incremental_events']:,} events: compaction median {statistics.median(rounds):.2f} s, "
+                          f"first {tenth} {statistics.mean(rounds[:tenth]):.2f} s, last {tenth} "
+                          f"{statistics.mean(rounds[-tenth:]):.2f} s (mean), max {max(rounds):.2f} s")
     for f in figs:
         checks = [("naive MERGE per micro-batch >= 2x slower", f["naive_merge_s"] / f["ours_s"] >= 2)]
         if f.get("pyiceberg_upsert_s"):
@@ -193,6 +207,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--scaling", action="store_true", help="N = 1M, 5M (and 10M with --big) x K = 10k, 1M")
     ap.add_argument("--big", action="store_true", help="include the 10M runs")
     ap.add_argument("--incremental", action="store_true", help="then compact 1%% new events into the result")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --incremental: this many rounds of 1%% new events each, one after the other (does "
+                         "a round cost more the more rounds came before it?)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="run this pipeline and naive MERGE this many times, interleaved, at N <= --repeat-max, "
                          "and report each one's median (single runs varied by up to 50%% on a 2-core machine)")
@@ -208,6 +225,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error(f"--repeat {args.repeat}: run each system at least once")
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: at least one incremental round")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("iceberg.compaction.job").setLevel(logging.INFO)  # where a round's time goes, step by step
     os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
