@@ -115,7 +115,7 @@ def compact(config: Optional[Path] = ConfigOpt,
             force: bool = typer.Option(False, help="clean every cleanable range, ignoring min_cleanable_dirty_ratio"),
             ) -> None:
     """Run the Spark cleaner on the tables whose dirty ratio (or max_compaction_lag) makes them due,
-    then rewrite small files and expire old snapshots of the state and tombstones where due ([maintenance])."""
+    then rewrite small files (the log's manifests) and expire old snapshots where due ([maintenance])."""
     settings = _settings(config)
     _guard(lambda: _do_compact(settings, table, force))
 

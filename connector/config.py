@@ -161,10 +161,11 @@ class CompactionConfig(_Section):
 class MaintenanceConfig(_Section):
     enabled: bool = Field(True, description="after each compaction round, rewrite and expire what is due")
     snapshot_retention_hours: float = Field(
-        1.0, ge=0.0, description="state and tombstone snapshots kept (time travel); older ones are expired with "
-                                 "their files, never the newest one carrying the cleaner points")
+        1.0, ge=0.0, description="snapshots kept (time travel); older ones are expired with their files, never "
+                                 "the newest one carrying the cleaner points or the ingest positions")
     rewrite_files: int = Field(16, gt=0, description="rewrite a table's small files once it holds this many more "
-                                                     "data files than its bytes need (or a fifth of its rows are deleted)")
+                                                     "data files than its bytes need (or a fifth of its rows are "
+                                                     "deleted), the log's manifests once it has more than this")
 
 
 class TableConfig(_Section):

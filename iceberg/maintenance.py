@@ -1,4 +1,4 @@
-"""Maintenance of the state and tombstone tables after a compaction round.
+"""Maintenance of a source table's Iceberg tables after its compaction round.
 
 Every round MERGEs into both tables (merge-on-read): new and updated rows go to new small
 data files, deleted rows to position-delete files that each later read applies, and every
@@ -9,11 +9,15 @@ state, and its MERGE went from 1.7 to 2.5 s). So, after a round, per table:
 - **rewrite** when it holds `rewrite_files` more data files than its bytes need at its
   target file size, or a fifth of its rows are deleted: Iceberg's `rewrite_data_files`
   (bin-pack: small files joined, files with many deleted rows rewritten without them),
-  then `rewrite_position_delete_files` drops the delete files that refer to no live row;
+  then `rewrite_position_delete_files` drops the delete files that refer to no live row.
+  The log and dead letters only get their manifests rewritten (`rewrite_manifests`) once
+  they have more than `rewrite_files`: each ingest commit adds one, and the planner reads
+  them all every round;
 - **expire** its snapshots older than `snapshot_retention` (time travel reaches that far
   back), with the files only they refer to (`expire_snapshots`), once `expire_batch` of
-  them are due. Never the newest snapshot carrying the cleaner points: a rewrite's own
-  snapshot has none, and they are read from the newest ancestor that has them.
+  them are due. Never the newest snapshot carrying the cleaner points (the ingest
+  positions, in the log): a rewrite's own snapshot has none, and they are read from the
+  newest ancestor that has them.
 
 The decisions are pure (`rewrite_due`, `expire_before`); `maintain` runs them on Spark.
 """
@@ -87,17 +91,37 @@ def _literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def maintain(spark: "SparkSession", catalog: "Catalog", catalog_name: str, tables: dict[str, str | None],
+@dataclass(frozen=True)
+class Upkeep:
+    """A table to maintain. `marker`: the snapshot property that must stay reachable (the
+    cleaner points, the ingest positions; None: none). `append_only`: the log and dead
+    letters, which ingest appends to (maybe at the same time, from another process; its
+    commits retry on a conflict): only their manifests are rewritten, one per commit
+    otherwise, which every scan plan reads."""
+
+    name: str
+    marker: str | None = None
+    append_only: bool = False
+
+
+def maintain(spark: "SparkSession", catalog: "Catalog", catalog_name: str, tables: list[Upkeep],
              policy: MaintenancePolicy) -> list[str]:
-    """Rewrites and expires what is due in `tables` ({name: snapshot property that must stay
-    reachable, or None}); returns what it did, e.g. ["rewrite ns.t", "expire ns.t (12)"]."""
+    """Rewrites and expires what is due in `tables`; returns what it did, e.g.
+    ["rewrite ns.t", "rewrite manifests ns.t__log", "expire ns.t (12)"]."""
     if not policy.enabled:
         return []
     done = []
     call = f"CALL `{catalog_name.replace('`', '``')}`.system."
-    for name, marker in tables.items():
+    for t in tables:
+        name, marker = t.name, t.marker
         table = catalog.load_table(name)
-        if rewrite_due(shape_of(table), policy):
+        if t.append_only:
+            current = table.current_snapshot()
+            if current is not None and len(current.manifests(table.io)) > policy.rewrite_files:
+                spark.sql(f"{call}rewrite_manifests(table => {_literal(name)})")
+                done.append(f"rewrite manifests {name}")
+                table = catalog.load_table(name)
+        elif rewrite_due(shape_of(table), policy):
             spark.sql(f"{call}rewrite_data_files(table => {_literal(name)}, options => map('min-input-files', '2'))")
             spark.sql(f"{call}rewrite_position_delete_files(table => {_literal(name)}, "
                       "options => map('rewrite-all', 'true'))")

@@ -7,8 +7,8 @@
    keys where the round fits 63 bits, else the window) and resolve truncates;
 4. evolve the state schema; 5. MERGE the tombstones; 6. MERGE the state with the new
    cleaner points in the same snapshot (into a table without rows, 5 and 6 INSERT);
-7. purge expired tombstones; 8. rewrite small files and expire old snapshots when due
-   (`iceberg.maintenance`).
+7. purge expired tombstones; 8. rewrite small files (the log's manifests) and expire old
+   snapshots when due (`iceberg.maintenance`).
 
 Atomicity: the cleaner points live in the state table's snapshot. A crash after step 5
 replays the same dirty range on the next run; replaying it over the already-written
@@ -36,7 +36,8 @@ from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats,
 from iceberg.compaction.retain import PURGE_PREDICATE
 from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, cleaner_points, load_optional, stream_stats
 from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA, TableNames
-from iceberg.maintenance import maintain
+from iceberg.log_writer import POSITIONS_PROPERTY
+from iceberg.maintenance import Upkeep, maintain
 
 log = logging.getLogger(__name__)
 SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
@@ -258,9 +259,11 @@ def compact(
     if report.purged:
         spark.sql(f"DELETE FROM {tomb_t} WHERE {purge}")
     step("purge")
-    # 8. maintenance: small files and deleted rows rewritten, old snapshots expired
-    report.maintenance = maintain(spark, catalog, names.catalog, {names.state: CLEANER_POINTS_PROPERTY,
-                                                                  names.tombstones: None}, policy.maintenance)
+    # 8. maintenance: small files, deleted rows and the log's manifests rewritten, old snapshots expired
+    upkeep = [Upkeep(names.state, CLEANER_POINTS_PROPERTY), Upkeep(names.tombstones),
+              *[Upkeep(n, POSITIONS_PROPERTY, append_only=True) for n in (names.log, names.dead_letters)
+                if catalog.table_exists(n)]]
+    report.maintenance = maintain(spark, catalog, names.catalog, upkeep, policy.maintenance)
     step("maintenance")
     report.seconds = round(time.monotonic() - started, 3)
     log.info("compaction %s: %s", names.state, report.summary())

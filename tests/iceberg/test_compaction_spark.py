@@ -11,6 +11,7 @@ import pytest
 from connector.config import TableConfig
 from iceberg.catalog import load_catalog
 from iceberg.compaction.stats import cleaner_points
+from iceberg.log_writer import committed_positions
 from iceberg.maintenance import MaintenancePolicy, shape_of
 from tests.conftest import kcat_lines
 from tests.iceberg.helpers import (NOW, compact_table, decoded, names, offsets_by_key, run_ingest, with_source,
@@ -128,9 +129,10 @@ def test_min_compaction_lag_holds_back_young_events(spark, settings, tmp_path):
 
 
 def test_maintenance_bounds_files_and_snapshots_and_keeps_the_cleaner_points(spark, settings, tmp_path):
-    """Rounds of updates leave small data files, delete files and snapshots behind; a round
-    with maintenance due rewrites and expires them, and the next round still starts at the
-    cleaner points and ends with the model's tables."""
+    """Rounds of updates leave small data files, delete files, log manifests and snapshots
+    behind; a round with maintenance due rewrites and expires them, and the next round still
+    ingests from the positions, compacts from the cleaner points and ends with the model's
+    tables."""
     f, values, keys = tmp_path / "in.jsonl", [], []
     s = with_source(settings, f)
     t = names(s, "things")
@@ -160,8 +162,15 @@ def test_maintenance_bounds_files_and_snapshots_and_keeps_the_cleaner_points(spa
     assert len(state.snapshots()) == 3
     assert cleaner_points(state) == {"db.s.things:0": len(values)}
     assert offsets_by_key(s, t.state) == expected_tables(decoded(f, s), "source")[0]
+    # the log: its manifests (one per ingest commit) joined, its old snapshots expired, its positions kept
+    assert f"rewrite manifests {t.log}" in report.maintenance
+    assert any(a.startswith(f"expire {t.log} ") for a in report.maintenance)
+    log_table = catalog.load_table(t.log)
+    assert len(log_table.current_snapshot().manifests(log_table.io)) == 1
+    assert committed_positions(log_table) == {"db.s.things:0": len(values)}
     report = round_of(4, eager)
     assert report.events == 3, "the next round starts at the cleaner points"
+    assert catalog.load_table(t.log).scan().to_arrow().num_rows == len(values), "ingest resumed at its positions"
     state_rows, tomb_rows = expected_tables(decoded(f, s), "source")
     assert offsets_by_key(s, t.state) == state_rows
     assert offsets_by_key(s, t.tombstones) == tomb_rows
