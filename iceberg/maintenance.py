@@ -1,10 +1,11 @@
 """Maintenance of a source table's Iceberg tables after its compaction round.
 
-Every round MERGEs into both tables (merge-on-read): new and updated rows go to new small
-data files, deleted rows to position-delete files that each later read applies, and every
-commit adds a snapshot. Left alone, the files and snapshots grow with the number of rounds
-(40 rounds of 10k events into a 1M-key state left 43 data files and 42 delete files in the
-state, and its MERGE went from 1.7 to 2.5 s). So, after a round, per table:
+Every round MERGEs into the state and tombstone tables (merge-on-read): new and updated
+rows go to new small data files, deleted rows to position-delete files that each later
+read applies, and every commit adds a snapshot. Left alone, the files and snapshots grow
+with the number of rounds (40 rounds of 10k events into a 1M-key state left 43 data files
+and 42 delete files in the state, and its MERGE went from 1.7 to 2.5 s). So, after a
+round, per table:
 
 - **rewrite** when it holds `rewrite_files` more data files than its bytes need at its
   target file size, or a fifth of its rows are deleted: Iceberg's `rewrite_data_files`
