@@ -114,29 +114,42 @@ def maintain(spark: "SparkSession", catalog: "Catalog", catalog_name: str, table
     done = []
     call = f"CALL `{catalog_name.replace('`', '``')}`.system."
     for t in tables:
-        name, marker = t.name, t.marker
-        table = catalog.load_table(name)
-        if t.append_only:
-            current = table.current_snapshot()
-            if current is not None and len(current.manifests(table.io)) > policy.rewrite_files:
-                spark.sql(f"{call}rewrite_manifests(table => {_literal(name)})")
-                done.append(f"rewrite manifests {name}")
-                table = catalog.load_table(name)
-        elif rewrite_due(shape_of(table), policy):
-            spark.sql(f"{call}rewrite_data_files(table => {_literal(name)}, options => map('min-input-files', '2'))")
-            spark.sql(f"{call}rewrite_position_delete_files(table => {_literal(name)}, "
-                      "options => map('rewrite-all', 'true'))")
-            done.append(f"rewrite {name}")
-            table = catalog.load_table(name)
-        snapshots = [(s.timestamp_ms, bool(marker and s.summary and marker in s.summary.additional_properties))
-                     for s in table.snapshots()]
-        now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)  # snapshots carry wall-clock times
-        cutoff = expire_before(snapshots, now_ms, policy)
-        if cutoff is not None:
-            when = datetime.fromtimestamp(cutoff / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
-            spark.sql(f"{call}expire_snapshots(table => {_literal(name)}, older_than => TIMESTAMP '{when}', "
-                      "retain_last => 1)")
-            done.append(f"expire {name} ({sum(1 for ts, _ in snapshots if ts < cutoff)})")
+        try:
+            done += _maintain_one(spark, catalog, call, t, policy)
+        except Exception as e:  # the round is committed; maintenance is tried again after the next one
+            log.warning("maintenance of %s failed (%s: %s); the round's changes are committed, and maintenance is "
+                        "tried again after the next round (`[maintenance] enabled = false` turns it off)",
+                        t.name, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            done.append(f"failed {t.name}: {type(e).__name__}")
     if done:
         log.info("maintenance: %s", ", ".join(done))
+    return done
+
+
+def _maintain_one(spark: "SparkSession", catalog: "Catalog", call: str, t: Upkeep, policy: MaintenancePolicy
+                  ) -> list[str]:
+    done = []
+    name, marker = t.name, t.marker
+    table = catalog.load_table(name)
+    if t.append_only:
+        current = table.current_snapshot()
+        if current is not None and len(current.manifests(table.io)) > policy.rewrite_files:
+            spark.sql(f"{call}rewrite_manifests(table => {_literal(name)})")
+            done.append(f"rewrite manifests {name}")
+            table = catalog.load_table(name)
+    elif rewrite_due(shape_of(table), policy):
+        spark.sql(f"{call}rewrite_data_files(table => {_literal(name)}, options => map('min-input-files', '2'))")
+        spark.sql(f"{call}rewrite_position_delete_files(table => {_literal(name)}, "
+                  "options => map('rewrite-all', 'true'))")
+        done.append(f"rewrite {name}")
+        table = catalog.load_table(name)
+    snapshots = [(s.timestamp_ms, bool(marker and s.summary and marker in s.summary.additional_properties))
+                 for s in table.snapshots()]
+    now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)  # snapshots carry wall-clock times
+    cutoff = expire_before(snapshots, now_ms, policy)
+    if cutoff is not None:
+        when = datetime.fromtimestamp(cutoff / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+        spark.sql(f"{call}expire_snapshots(table => {_literal(name)}, older_than => TIMESTAMP '{when}', "
+                  "retain_last => 1)")
+        done.append(f"expire {name} ({sum(1 for ts, _ in snapshots if ts < cutoff)})")
     return done

@@ -51,3 +51,14 @@ def test_retention_zero_keeps_only_from_the_newest_marked_snapshot():
     assert expire_before([(1, True), (2, True)], 3, p) == 2
     assert expire_before([(1, False), (2, False)], 3, p) == 2  # no marker (tombstones): all but the newest
     assert expire_before([(2, True)], 3, p) is None
+
+
+def test_a_failed_maintenance_is_reported_and_does_not_fail_the_round(settings, caplog):
+    """The round before it is committed; the next round tries again (no Spark is reached here)."""
+    from iceberg.catalog import load_catalog
+    from iceberg.maintenance import Upkeep, maintain
+
+    gone = f"{settings.catalog.namespace}.nothing_here"
+    done = maintain(None, load_catalog(settings), settings.catalog.name, [Upkeep(gone)], POLICY)
+    assert done == [f"failed {gone}: NoSuchTableError"]
+    assert f"maintenance of {gone} failed" in caplog.text and "tried again after the next round" in caplog.text
