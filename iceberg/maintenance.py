@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 DELETED_RATIO = 0.2  # deleted rows over rows in data files that make a rewrite due
 TARGET_FILE_BYTES = 512 << 20  # Iceberg's default `write.target-file-size-bytes`
+SMALL = 0.75  # bin-pack rewrites files below this share of the target size (its `min-file-size-bytes`)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,10 @@ class TableShape:
 
 
 def rewrite_due(shape: TableShape, policy: MaintenancePolicy) -> bool:
-    needed = max(1, -(-shape.data_bytes // shape.target_file_bytes))
+    """Whether the rewrite has work: at least `rewrite_files` more files than the table's bytes
+    make at bin-pack's smallest size it leaves alone means at least that many files it
+    joins; the deleted share is handed to it as its `delete-ratio-threshold`."""
+    needed = max(1, -(-shape.data_bytes // int(SMALL * shape.target_file_bytes)))
     return (shape.data_files - needed >= policy.rewrite_files
             or (shape.records > 0 and shape.deleted_rows >= DELETED_RATIO * shape.records))
 
@@ -138,7 +142,8 @@ def _maintain_one(spark: "SparkSession", catalog: "Catalog", call: str, t: Upkee
             done.append(f"rewrite manifests {name}")
             table = catalog.load_table(name)
     elif rewrite_due(shape_of(table), policy):
-        spark.sql(f"{call}rewrite_data_files(table => {_literal(name)}, options => map('min-input-files', '2'))")
+        spark.sql(f"{call}rewrite_data_files(table => {_literal(name)}, options => map('min-input-files', '2', "
+                  f"'delete-ratio-threshold', '{DELETED_RATIO}'))")
         spark.sql(f"{call}rewrite_position_delete_files(table => {_literal(name)}, "
                   "options => map('rewrite-all', 'true'))")
         done.append(f"rewrite {name}")
