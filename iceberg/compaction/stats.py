@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.expressions import GreaterThanOrEqual
-from pyiceberg.table import Table
+from pyiceberg.expressions import And, GreaterThan, GreaterThanOrEqual
+from pyiceberg.table import DataScan, FileScanTask, Table
 
 from iceberg.compaction.policy import CompactionPolicy, StreamStats
 from iceberg.layouts import TableNames
@@ -47,8 +49,53 @@ def clean_bytes(*tables: Table | None) -> dict[str, int]:
     return out
 
 
+# Rows of the log the planner reads at once, about: it reads the dirty range a few files at a
+# time and keeps running totals, so a backlog of any size is planned in bounded memory.
+CHUNK_ROWS = 500_000
+
+
+@dataclass
+class _Dirty:
+    """One stream's running totals over the dirty range, chunk by chunk (order-free)."""
+
+    bytes: int = 0
+    events: int = 0
+    first_time: datetime | None = None
+    max_seq: int | None = None
+    cleanable_bytes: int = 0
+    cleanable_events: int = 0
+    bounds: dict | None = None
+    truncates: int = 0
+
+
+def _chunks(scan: DataScan, rows: int) -> Iterator[pa.Table]:
+    """The scan's rows a few files at a time, about `rows` rows (before its filter) per chunk:
+    pyiceberg's `to_arrow` and `to_arrow_batch_reader` both read every file of a scan at once."""
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    reader = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive)
+    chunk: list[FileScanTask] = []
+    for task in scan.plan_files():
+        if chunk and sum(t.file.record_count for t in chunk) + task.file.record_count > rows:
+            yield reader.to_table(chunk)
+            chunk = []
+        chunk.append(task)
+    if chunk:
+        yield reader.to_table(chunk)
+
+
+def _per_stream(rows: pa.Table, points: dict[str, int], streams: list[str]) -> Iterator[tuple[str, pa.Table]]:
+    """Each stream's rows of a chunk at or past its cleaner point."""
+    for stream in streams:
+        topic, part = stream.rsplit(":", 1)
+        mine = rows.filter(pc.and_(pc.and_(pc.equal(rows["topic"], topic), pc.equal(rows["partition"], int(part))),
+                                   pc.greater_equal(rows["sequence_number"], points.get(stream, 0))))
+        if mine.num_rows:
+            yield stream, mine
+
+
 def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime,
-                 bounds: bool = False) -> list[StreamStats]:
+                 bounds: bool = False, chunk_rows: int = CHUNK_ROWS) -> list[StreamStats]:
     """Per stream; with `bounds`, also the cleanable range's packing bounds and truncates,
     from the same scan (the compaction job's first step reads no more than this)."""
     log = catalog.load_table(names.log)
@@ -57,41 +104,53 @@ def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, 
     streams = sorted(set(committed_positions(log)) | set(points))
     if not streams:
         return []
-    low = min(points.get(s, 0) for s in streams)
-    rows = log.scan(
-        row_filter=GreaterThanOrEqual("sequence_number", low),
-        selected_fields=("topic", "partition", "sequence_number", "payload_bytes", "enqueued_time")
-        + (("op", "source_position") if bounds else ()),
-    ).to_arrow()
+    dirty = GreaterThanOrEqual("sequence_number", min(points.get(s, 0) for s in streams))
+    # A stream's cleanable range ends before its first event younger than min_compaction_lag
+    # (files without one are skipped by their enqueued_time bounds); a naive `now` is UTC.
+    cutoff = (now if now.tzinfo else now.replace(tzinfo=timezone.utc)) - policy.min_compaction_lag
+    young: dict[str, int] = {}
+    for rows in _chunks(log.scan(row_filter=And(dirty, GreaterThan("enqueued_time", cutoff.isoformat())),
+                                 selected_fields=("topic", "partition", "sequence_number")), chunk_rows):
+        for stream, mine in _per_stream(rows, points, streams):
+            first = pc.min(mine["sequence_number"]).as_py()
+            young[stream] = min(young.get(stream, first), first)
+    columns = ("topic", "partition", "sequence_number", "payload_bytes", "enqueued_time") + (
+        ("op", "source_position") if bounds else ())
+    totals = {s: _Dirty() for s in streams}
+    for rows in _chunks(log.scan(row_filter=dirty, selected_fields=columns), chunk_rows):
+        for stream, mine in _per_stream(rows, points, streams):
+            _add(totals[stream], mine, young.get(stream), policy if bounds else None)
     clean = clean_bytes(state, load_optional(catalog, names.tombstones))
-    cutoff = pa.scalar(now - policy.min_compaction_lag, type=pa.timestamp("us", tz="UTC"))
     out = []
-    for stream in streams:
-        topic, part = stream.rsplit(":", 1)
+    for stream, d in totals.items():
         point = points.get(stream, 0)
-        mine = rows.filter(
-            pc.and_(pc.and_(pc.equal(rows["topic"], topic), pc.equal(rows["partition"], int(part))),
-                    pc.greater_equal(rows["sequence_number"], point))
-        )
-        young = mine.filter(pc.greater(mine["enqueued_time"], cutoff))
-        if young.num_rows:
-            end = pc.min(young["sequence_number"]).as_py()
-        else:
-            end = (pc.max(mine["sequence_number"]).as_py() + 1) if mine.num_rows else point
-        cleanable = mine.filter(pc.less(mine["sequence_number"], end))
+        end = young.get(stream, d.max_seq + 1 if d.events else point)
         out.append(StreamStats(
-            stream=stream,
-            cleaner_point=point,
-            clean_bytes=clean.get(stream, 0),
-            dirty_bytes=int(pc.sum(mine["payload_bytes"]).as_py() or 0),
-            cleanable_bytes=int(pc.sum(cleanable["payload_bytes"]).as_py() or 0),
-            cleanable_end=end,
-            first_dirty_time=pc.min(mine["enqueued_time"]).as_py() if mine.num_rows else None,
-            dirty_events=mine.num_rows,
-            cleanable_events=cleanable.num_rows,
-            **(_bounds(cleanable, policy) if bounds else {}),
+            stream=stream, cleaner_point=point, clean_bytes=clean.get(stream, 0), dirty_bytes=d.bytes,
+            cleanable_bytes=d.cleanable_bytes, cleanable_end=end, first_dirty_time=d.first_time,
+            dirty_events=d.events, cleanable_events=d.cleanable_events,
+            **({"bounds": d.bounds or _bounds(log.schema().select(*columns).as_arrow().empty_table(), policy)["bounds"],
+                "truncates": d.truncates} if bounds else {}),
         ))
     return out
+
+
+def _add(d: _Dirty, mine: pa.Table, end: int | None, policy: CompactionPolicy | None) -> None:
+    """Adds a chunk of one stream's dirty events to its totals; `end`: where its cleanable range ends."""
+    first, top = pc.min(mine["enqueued_time"]).as_py(), pc.max(mine["sequence_number"]).as_py()
+    d.bytes += int(pc.sum(mine["payload_bytes"]).as_py() or 0)
+    d.events += mine.num_rows
+    d.first_time = first if d.first_time is None else min(d.first_time, first)
+    d.max_seq = top if d.max_seq is None else max(d.max_seq, top)
+    cleanable = mine if end is None else mine.filter(pc.less(mine["sequence_number"], end))
+    d.cleanable_bytes += int(pc.sum(cleanable["payload_bytes"]).as_py() or 0)
+    d.cleanable_events += cleanable.num_rows
+    if policy is not None and cleanable.num_rows:
+        from iceberg.compaction.dedupe import merge_bounds
+
+        got = _bounds(cleanable, policy)
+        d.bounds = got["bounds"] if d.bounds is None else merge_bounds(d.bounds, got["bounds"])
+        d.truncates += got["truncates"]
 
 
 def _bounds(rows: pa.Table, policy: CompactionPolicy) -> dict:
