@@ -34,38 +34,9 @@ def cleaner_points(state: Table | None) -> dict[str, int]:
     return {k: int(v) for k, v in json.loads(raw).items()} if raw else {}
 
 
-def clean_bytes(*tables: Table | None) -> dict[str, int]:
-    """Bytes (key + payload) held per stream by the state and tombstone tables."""
-    out: dict[str, int] = defaultdict(int)
-    for t in tables:
-        if t is None:
-            continue
-        rows = t.scan(selected_fields=("_topic", "_partition_id", "_payload_bytes")).to_arrow()
-        if rows.num_rows == 0:
-            continue
-        grouped = rows.group_by(["_topic", "_partition_id"]).aggregate([("_payload_bytes", "sum")])
-        for topic, part, n in zip(*(grouped.column(i).to_pylist() for i in range(3))):
-            out[f"{topic}:{part}"] += n or 0
-    return out
-
-
-# Rows of the log the planner reads at once, about: it reads the dirty range a few files at a
-# time and keeps running totals, so a backlog of any size is planned in bounded memory.
+# Rows the planner reads at once, about: it reads the log's dirty range (and the state) a few
+# files at a time and keeps running totals, so a backlog of any size is planned in bounded memory.
 CHUNK_ROWS = 500_000
-
-
-@dataclass
-class _Dirty:
-    """One stream's running totals over the dirty range, chunk by chunk (order-free)."""
-
-    bytes: int = 0
-    events: int = 0
-    first_time: datetime | None = None
-    max_seq: int | None = None
-    cleanable_bytes: int = 0
-    cleanable_events: int = 0
-    bounds: dict | None = None
-    truncates: int = 0
 
 
 def _chunks(scan: DataScan, rows: int) -> Iterator[pa.Table]:
@@ -82,6 +53,34 @@ def _chunks(scan: DataScan, rows: int) -> Iterator[pa.Table]:
         chunk.append(task)
     if chunk:
         yield reader.to_table(chunk)
+
+
+def clean_bytes(*tables: Table | None) -> dict[str, int]:
+    """Bytes (key + payload) held per stream by the state and tombstone tables (read a chunk
+    of files at a time, like the log)."""
+    out: dict[str, int] = defaultdict(int)
+    for t in tables:
+        if t is None:
+            continue
+        for rows in _chunks(t.scan(selected_fields=("_topic", "_partition_id", "_payload_bytes")), CHUNK_ROWS):
+            grouped = rows.group_by(["_topic", "_partition_id"]).aggregate([("_payload_bytes", "sum")])
+            for topic, part, n in zip(*(grouped.column(i).to_pylist() for i in range(3))):
+                out[f"{topic}:{part}"] += n or 0
+    return out
+
+
+@dataclass
+class _Dirty:
+    """One stream's running totals over the dirty range, chunk by chunk (order-free)."""
+
+    bytes: int = 0
+    events: int = 0
+    first_time: datetime | None = None
+    max_seq: int | None = None
+    cleanable_bytes: int = 0
+    cleanable_events: int = 0
+    bounds: dict | None = None
+    truncates: int = 0
 
 
 def _per_stream(rows: pa.Table, points: dict[str, int], streams: list[str]) -> Iterator[tuple[str, pa.Table]]:
