@@ -46,11 +46,13 @@ def _chunks(scan: DataScan, rows: int) -> Iterator[pa.Table]:
 
     reader = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive)
     chunk: list[FileScanTask] = []
+    held = 0
     for task in scan.plan_files():
-        if chunk and sum(t.file.record_count for t in chunk) + task.file.record_count > rows:
+        if chunk and held + task.file.record_count > rows:
             yield reader.to_table(chunk)
-            chunk = []
+            chunk, held = [], 0
         chunk.append(task)
+        held += task.file.record_count
     if chunk:
         yield reader.to_table(chunk)
 
