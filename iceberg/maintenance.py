@@ -92,7 +92,8 @@ def shape_of(table: "Table") -> TableShape:
                       int(table.properties.get("write.target-file-size-bytes", TARGET_FILE_BYTES)))
 
 
-def _literal(text: str) -> str:
+def sql_literal(text: str) -> str:
+    """A Spark SQL string literal of `text`."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -138,13 +139,13 @@ def _maintain_one(spark: "SparkSession", catalog: "Catalog", call: str, t: Upkee
     if t.append_only:
         current = table.current_snapshot()
         if current is not None and len(current.manifests(table.io)) > policy.rewrite_files:
-            spark.sql(f"{call}rewrite_manifests(table => {_literal(name)})")
+            spark.sql(f"{call}rewrite_manifests(table => {sql_literal(name)})")
             done.append(f"rewrite manifests {name}")
             table = catalog.load_table(name)
     elif rewrite_due(shape_of(table), policy):
-        spark.sql(f"{call}rewrite_data_files(table => {_literal(name)}, options => map('min-input-files', '2', "
+        spark.sql(f"{call}rewrite_data_files(table => {sql_literal(name)}, options => map('min-input-files', '2', "
                   f"'delete-ratio-threshold', '{DELETED_RATIO}'))")
-        spark.sql(f"{call}rewrite_position_delete_files(table => {_literal(name)}, "
+        spark.sql(f"{call}rewrite_position_delete_files(table => {sql_literal(name)}, "
                   "options => map('rewrite-all', 'true'))")
         done.append(f"rewrite {name}")
         table = catalog.load_table(name)
@@ -154,7 +155,7 @@ def _maintain_one(spark: "SparkSession", catalog: "Catalog", call: str, t: Upkee
     cutoff = expire_before(snapshots, now_ms, policy)
     if cutoff is not None:
         when = datetime.fromtimestamp(cutoff / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
-        spark.sql(f"{call}expire_snapshots(table => {_literal(name)}, older_than => TIMESTAMP '{when}', "
+        spark.sql(f"{call}expire_snapshots(table => {sql_literal(name)}, older_than => TIMESTAMP '{when}', "
                   "retain_last => 1)")
         done.append(f"expire {name} ({sum(1 for ts, _ in snapshots if ts < cutoff)})")
     return done

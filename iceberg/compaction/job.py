@@ -37,7 +37,7 @@ from iceberg.compaction.retain import PURGE_PREDICATE
 from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, cleaner_points, load_optional, stream_stats
 from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA, TableNames
 from iceberg.log_writer import POSITIONS_PROPERTY
-from iceberg.maintenance import Upkeep, maintain
+from iceberg.maintenance import Upkeep, maintain, sql_literal
 
 log = logging.getLogger(__name__)
 SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
@@ -67,8 +67,7 @@ class CompactionReport:
 
 def range_filter(ranges: list[CleanRange]) -> str:
     def one(r: CleanRange) -> str:
-        topic = r.topic.replace("\\", "\\\\").replace("'", "\\'")
-        return (f"(topic = '{topic}' AND partition = {r.partition} "
+        return (f"(topic = {sql_literal(r.topic)} AND partition = {r.partition} "
                 f"AND sequence_number >= {r.start} AND sequence_number < {r.end})")
 
     return " OR ".join(one(r) for r in ranges)
