@@ -104,13 +104,13 @@ def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | Non
         source_cls, options, mirror = stream
         try:
             return ingest_spark_stream(get_spark(settings), source_cls, options, catalog,
-                                       settings.catalog.namespace, Decoder(settings.key_fields()), src.batch_size,
+                                       settings.catalog.namespace, Decoder(settings.key_fields(), src.keys), src.batch_size,
                                        gate, on_batch, mirror)
         finally:
             if hasattr(mirror, "close"):
                 mirror.close()
     with load_source(settings.source) as source:
-        return ingest(source, catalog, settings.catalog.namespace, Decoder(settings.key_fields()),
+        return ingest(source, catalog, settings.catalog.namespace, Decoder(settings.key_fields(), src.keys),
                       settings.source.batch_size, on_batch, max_records, gate, make_room if backpressure else None)
 
 

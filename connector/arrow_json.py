@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from connector.debezium import _key_text
+from connector.debezium import KeyFormat, key_text_or_none
 
 _NULL_TEXT = pa.scalar(None, pa.string())
 _SPARK_TYPES = {pa.int64(): "bigint", pa.float64(): "double", pa.bool_(): "boolean", pa.string(): "string"}
@@ -76,10 +76,12 @@ def _no_timestamps(schema: pa.Schema) -> pa.Schema:
 _CANONICAL_KEY = r'^\{"[A-Za-z_][A-Za-z0-9_]*":(0|-?[1-9][0-9]{0,17}|"[ !#-\[\]-~]*")\}$'
 
 
-def key_texts(keys: pa.Array) -> pa.Array:
-    """`_key_text` of every key: keys already canonical as they are; JSON objects of non-null
-    ints, strings and booleans as sorted compact JSON built by Arrow; any other key one
-    distinct value at a time."""
+def key_texts(keys: pa.Array, key_format: KeyFormat = "json") -> pa.Array:
+    """`debezium.key_text` of every key, null where a key is not valid: JSON keys already
+    canonical as they are; JSON objects of non-null ints, strings and booleans as sorted
+    compact JSON built by Arrow; any other key one distinct value at a time."""
+    if key_format == "text":
+        return mapped(keys, key_text_or_none("text"))
     n = len(keys)
     ok = pc.match_substring_regex(keys, _CANONICAL_KEY).fill_null(False)
     texts = pc.replace_with_mask(pa.nulls(n, pa.string()), ok, keys.filter(ok).cast(pa.string()))
@@ -99,7 +101,7 @@ def key_texts(keys: pa.Array) -> pa.Array:
             ok = pc.or_(ok, parsed)
     rest = pc.invert(ok)
     if pc.any(rest).as_py():
-        texts = pc.replace_with_mask(texts, rest, mapped(keys.filter(rest), _key_text))
+        texts = pc.replace_with_mask(texts, rest, mapped(keys.filter(rest), key_text_or_none("json")))
     return texts
 
 

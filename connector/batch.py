@@ -256,7 +256,7 @@ def _bare_tombstones(decoder: Decoder, batch: RecordBatch, topics: pa.Array, now
         return {}
     bare = pc.indices_nonzero(pc.is_null(batch.table["value"].combine_chunks())).cast(pa.int64())
     tables = mapped(topics.take(bare), known.get)
-    keys = key_texts(batch.table["key"].take(bare).combine_chunks())
+    keys = key_texts(batch.table["key"].take(bare).combine_chunks(), decoder.key_format)
     ok = pc.and_(pc.is_valid(keys), pc.is_valid(tables))
     out: dict[str, Rows] = {}
     for table in pc.unique(tables.filter(ok)).to_pylist():
@@ -312,7 +312,7 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
 
     is_d = pc.equal(op, "d")
     after_text, types_text, bad = after_json(after)
-    keys = key_texts(_take(batch.table["key"], idx).combine_chunks())
+    keys = key_texts(_take(batch.table["key"], idx).combine_chunks(), decoder.key_format)
     tables = mapped(table_text, _table_or_none)
     ok = pc.and_kleene(pc.is_in(op, FAST_OPS), pc.is_valid(source))
     for cond in (pc.equal(pc.utf8_lower(connector), "postgresql"), pc.is_valid(lsn), pc.is_valid(tables),

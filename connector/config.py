@@ -53,6 +53,9 @@ def starting_value(text: str) -> "str | int | datetime":
 class SourceConfig(_Section):
     type: Literal["file", "kafka", "eventhubs-kafka", "eventhubs"] = "file"
     batch_size: int = Field(50_000, gt=0, description="records per ingest commit")
+    key_format: Literal["json", "text"] | None = Field(
+        None, description="record keys: json (Debezium: a JSON object; anything else is a dead letter) or text "
+                          "(used as sent); default json, text for eventhubs (AMQP's partition key is text)")
     # file
     path: str | None = None
     topic: str | None = Field(None, description="topic for file lines that carry none")
@@ -106,6 +109,11 @@ class SourceConfig(_Section):
             if bool(self.checkpoint_connection_string) != bool(self.checkpoint_container):
                 raise ValueError("source.checkpoint_connection_string and source.checkpoint_container go together")
         return self
+
+    @property
+    def keys(self) -> Literal["json", "text"]:
+        """The key format in force (`key_format`, or the source type's default)."""
+        return self.key_format or ("text" if self.type == "eventhubs" else "json")
 
     def eventhubs_options(self) -> dict[str, str]:
         """Options of the Event Hubs reader (hold the secret)."""

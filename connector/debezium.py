@@ -13,7 +13,7 @@ import re
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import orjson
 
@@ -27,11 +27,13 @@ MAX_TOPICS = 10_000  # bound of the learned topic -> table map
 _EPOCH = datetime(1970, 1, 1)
 _TABLE_CHARS = re.compile(r"[^a-z0-9_]+")
 
-# Kafka Connect primitive types -> Spark SQL types.
+# Kafka Connect primitive types -> Spark SQL types: the names JsonConverter writes in a
+# schema (`float`, `double`: JsonSchema's FLOAT_TYPE_NAME / DOUBLE_TYPE_NAME) and Connect's
+# own enum names (`float32`, `float64`), which some tools print.
 _PRIMITIVE = {
     "int8": "int", "int16": "int", "int32": "int", "int64": "bigint",
-    "float32": "float", "float64": "double", "boolean": "boolean",
-    "string": "string", "bytes": "binary",
+    "float": "float", "double": "double", "float32": "float", "float64": "double",
+    "boolean": "boolean", "string": "string", "bytes": "binary",
 }
 
 
@@ -180,16 +182,51 @@ def _unwrap_flattened(payload: Mapping[str, Any]) -> dict[str, Any]:
             "source": source or None, "ts_ms": meta.get("ts_ms")}
 
 
+KeyFormat = Literal["json", "text"]
+
+
 @lru_cache(maxsize=1 << 16)
 def _key_text(raw: bytes) -> str | None:
-    """The canonical text of a record key (cached: keys repeat across a key's changes)."""
+    """The canonical text of a JSON record key (cached: keys repeat across a key's changes):
+    an object, bare or in JsonConverter's `{"schema", "payload"}` envelope; None for a JSON
+    null. Raises DecodeError (reason `key`) for anything else: Debezium keys are objects, and
+    a topic keyed both `{"id":5}` and `id=5` must not hold two rows for one primary key."""
     try:
         key = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw.decode("utf-8", errors="replace")
+    except orjson.JSONDecodeError as e:
+        raise DecodeError("key", f"record key is not JSON ({e}); Debezium keys are JSON objects, or set "
+                                 "source.key_format = 'text'") from None
     if isinstance(key, dict) and len(key) == 2 and "schema" in key and "payload" in key:
         key = key["payload"]
-    return None if key is None else canonical(key)
+    if key is None:
+        return None
+    if type(key) is not dict:
+        raise DecodeError("key", f"record key is a JSON {type(key).__name__}, not an object; Debezium keys are "
+                                 "JSON objects, or set source.key_format = 'text'")
+    return canonical(key)
+
+
+def _text_key(raw: bytes) -> str:
+    """A text key (Event Hubs' partition key), exactly as sent."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DecodeError("key", f"record key is not UTF-8 text ({e})") from None
+
+
+def key_text(raw: bytes, key_format: KeyFormat) -> str | None:
+    return _key_text(raw) if key_format == "json" else _text_key(raw)
+
+
+def key_text_or_none(key_format: KeyFormat) -> Callable[[bytes], str | None]:
+    """`key_text` with None for a key that is not valid (the per-record route then names why)."""
+    def one(raw: bytes) -> str | None:
+        try:
+            return key_text(raw, key_format)
+        except DecodeError:
+            return None
+
+    return one
 
 
 @lru_cache(maxsize=MAX_TOPICS)
@@ -206,8 +243,9 @@ class Decoder:
     routed to the table its topic carried.
     """
 
-    def __init__(self, key_fields: Mapping[str, Sequence[str]] | None = None):
+    def __init__(self, key_fields: Mapping[str, Sequence[str]] | None = None, key_format: KeyFormat = "json"):
         self.key_fields = {t: tuple(f) for t, f in (key_fields or {}).items()}
+        self.key_format = key_format
         self._topic_tables: dict[str, str] = {}
 
     def decode(self, record: SourceRecord) -> ChangeEvent | DeadLetter:
@@ -236,7 +274,7 @@ class Decoder:
         return self._topic_tables.get(topic) or topic_table(topic)
 
     def _record_key(self, record: SourceRecord) -> str | None:
-        return None if record.key is None else _key_text(record.key)
+        return None if record.key is None else key_text(record.key, self.key_format)
 
     def _decode(self, record: SourceRecord) -> ChangeEvent:
         if record.value is None:

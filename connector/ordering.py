@@ -19,13 +19,20 @@ A position-less event (a bare tombstone, say) takes the highest position seen fo
 earlier in the log, so the Debezium pair delete + tombstone resolves to the tombstone and
 the result does not depend on how the log was split into compaction rounds.
 
-`ordering = "log"` is strict Event Hubs / Kafka behaviour: only `(partition,
-sequence_number)` counts; the highest offset wins.
+`ordering = "log"` is Event Hubs / Kafka behaviour between changes: `(partition,
+sequence_number)` decides, the highest offset wins; but a snapshot read still never
+overwrites a streamed change (rank first), so a replayed snapshot cannot rewind a row.
+
+A truncate removes the keys whose newest change is older than it (`older_than_truncate`):
+under `source` by the order key above; under `log` by time, since offsets of different
+partitions are not comparable: an earlier sequence number on the truncate's own stream, or
+an earlier enqueued time on any other stream.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Literal
 
 Ordering = Literal["source", "log"]
@@ -41,9 +48,55 @@ def order_key(
     position: Position | None, snapshot: bool, partition: int, sequence_number: int, ordering: Ordering
 ) -> OrderKey:
     """The sort key of one change; the greatest key of a set of changes is the newest."""
+    rank = 0 if snapshot else 1
     if ordering == "log":
-        return ((), 1, partition, sequence_number)
-    return (position or (), 0 if snapshot else 1, partition, sequence_number)
+        return ((), rank, partition, sequence_number)
+    return (position or (), rank, partition, sequence_number)
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """A table-level truncate marker (`op=t`): never purged; any change older than it is
+    removed, or is stale when it arrives after the marker was recorded."""
+
+    topic: str
+    partition: int
+    offset: str
+    sequence_number: int
+    enqueued_us: int  # enqueued time, microseconds since the epoch (UTC)
+    position: Position | None = None
+    snapshot: bool = False
+    source_ts_ms: int | None = None
+
+    def newness(self, ordering: Ordering) -> tuple:
+        """Sort key among truncates: the greatest is the table's marker."""
+        if ordering == "log":
+            return (self.enqueued_us, self.partition, self.sequence_number)
+        return order_key(self.position, self.snapshot, self.partition, self.sequence_number, ordering)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Truncate":
+        d = json.loads(text)
+        return cls(**{**d, "position": tuple(d["position"]) if d.get("position") is not None else None})
+
+
+def newest_truncate(truncates: Iterable[Truncate | None], ordering: Ordering) -> Truncate | None:
+    known = [t for t in truncates if t is not None]
+    return max(known, key=lambda t: t.newness(ordering)) if known else None
+
+
+def older_than_truncate(position: Position | None, snapshot: bool, topic: str, partition: int,
+                        sequence_number: int, enqueued_us: int, truncate: Truncate, ordering: Ordering) -> bool:
+    """Whether a change is older than the truncate (see the module docstring)."""
+    if ordering == "log":
+        if (topic, partition) == (truncate.topic, truncate.partition):
+            return sequence_number < truncate.sequence_number
+        return enqueued_us < truncate.enqueued_us
+    return (order_key(position, snapshot, partition, sequence_number, ordering)
+            < order_key(truncate.position, truncate.snapshot, truncate.partition, truncate.sequence_number, ordering))
 
 
 def carry_positions(positions: Iterable[Position | None]) -> list[Position | None]:

@@ -5,7 +5,8 @@ For a source table `<t>` in namespace `<ns>`:
 - `<ns>.<t>__log`: every accepted event (append-only), source positions in snapshot summaries;
 - `<ns>.<t>__dead_letters`: what could not be accepted, raw bytes, position and reason;
 - `<ns>.<t>`: latest state, one row per live key (metadata columns + flattened after-image);
-- `<ns>.<t>__tombstones`: deleted keys with the deleting event's position and `expires_at`.
+- `<ns>.<t>__tombstones`: deleted keys with the deleting event's position and `expires_at`;
+- `<ns>.<t>__stale`: the events compaction ignored as stale, with the reason.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pyarrow as pa
 LOG_SUFFIX = "__log"
 DEAD_LETTERS_SUFFIX = "__dead_letters"
 TOMBSTONES_SUFFIX = "__tombstones"
+STALE_SUFFIX = "__stale"
 
 UTC_TS = pa.timestamp("us", tz="UTC")
 
@@ -75,6 +77,13 @@ META_COLUMNS = [
     ("_payload_bytes", "bigint"),
 ]
 TOMBSTONE_EXTRA = [("deleted_at", "timestamp"), ("expires_at", "timestamp")]
+# A stale event: who it is, where it was in the log, and why it was ignored
+# (`iceberg.compaction.dedupe.STALE_REASONS`).
+STALE_COLUMNS = [
+    ("_key", "string"), ("_topic", "string"), ("_partition_id", "int"), ("_offset", "string"),
+    ("_sequence_number", "bigint"), ("_enqueued_time", "timestamp"), ("_op", "string"), ("_snapshot", "boolean"),
+    ("_source_position", "array<bigint>"), ("reason", "string"), ("compacted_at", "timestamp"),
+]
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,10 @@ class TableNames:
     @property
     def tombstones(self) -> str:
         return self.state + TOMBSTONES_SUFFIX
+
+    @property
+    def stale(self) -> str:
+        return self.state + STALE_SUFFIX
 
     def spark(self, name: str) -> str:
         """The name as Spark SQL sees it (catalog-qualified, quoted)."""

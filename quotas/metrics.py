@@ -9,3 +9,5 @@ REFUSALS = Counter("cdclake_quota_refusals_total", "batches refused for a partit
                    ["table", "stream"])
 DEAD_LETTERS = Counter("cdclake_dead_letters_total", "records sent to dead letters", ["table", "reason"])
 EVENTS = Counter("cdclake_events_ingested_total", "events appended to the log tables", ["table"])
+STALE = Counter("cdclake_stale_events_total", "events compaction ignored as stale (older than what it held)",
+                ["table", "reason"])

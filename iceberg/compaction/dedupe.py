@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from connector.ordering import Ordering
+from connector.ordering import Ordering, Truncate
 
 POSITION_TYPE = "array<bigint>"
 
@@ -28,10 +28,8 @@ CANDIDATE_COLUMNS = [
 def order_struct(position: Column, snapshot: Column, partition: Column, seq: Column, ordering: Ordering) -> Column:
     """The Spark twin of `connector.ordering.order_key`."""
     empty = F.array().cast(POSITION_TYPE)
-    if ordering == "log":
-        return F.struct(empty.alias("p"), F.lit(1).alias("r"), partition.alias("part"), seq.alias("seq"))
     return F.struct(
-        F.coalesce(position, empty).alias("p"),
+        (empty if ordering == "log" else F.coalesce(position, empty)).alias("p"),
         F.when(snapshot, F.lit(0)).otherwise(F.lit(1)).alias("r"),
         partition.alias("part"),
         seq.alias("seq"),
@@ -43,65 +41,74 @@ def literal_order(position: list[int] | None, snapshot: bool, partition: int, se
     return order_struct(pos, F.lit(bool(snapshot)), F.lit(int(partition)), F.lit(int(seq)), ordering)
 
 
+STALE_REASONS = ("older_than_state", "older_than_tombstone", "snapshot_after_stream", "older_than_truncate")
+
+
 def rank(candidates: DataFrame, ordering: Ordering) -> DataFrame:
-    """Adds `_o` (the order struct) and `_stale` (older than the key's held row).
+    """Adds `_o` (the order struct) and `_stale`: the reason a new candidate is stale, or null.
 
     A candidate without a source position takes the highest position of the candidates
     before it in log order (held row first), so a bare tombstone resolves with its delete.
+    A new candidate is stale when it is older than a candidate before it in that order (the
+    held row, or an earlier event of the round); the reason names what it lost to.
     """
     by_key = Window.partitionBy("_key")
-    in_log_order = by_key.orderBy(F.col("_held").desc(), "_partition_id", "_sequence_number").rowsBetween(
-        Window.unboundedPreceding, Window.currentRow
-    )
+    in_log_order = by_key.orderBy(F.col("_held").desc(), "_partition_id", "_sequence_number")
+    upto = in_log_order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     if ordering == "source":
         # kept as the row's position, so a held bare tombstone still guards its key
         position = F.col("_source_position")
-        candidates = candidates.withColumn("_source_position", F.coalesce(position, F.max(position).over(in_log_order)))
+        candidates = candidates.withColumn("_source_position", F.coalesce(position, F.max(position).over(upto)))
     ranked = candidates.withColumn("_o", order_struct(
-        F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering)
-    ).withColumn("_held_o", F.max(F.when(F.col("_held"), F.col("_o"))).over(by_key))
-    stale = (~F.col("_held")) & F.col("_held_o").isNotNull() & (F.col("_o") < F.col("_held_o"))
-    return ranked.withColumn("_stale", stale)
+        F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering))
+    before = F.max(F.struct(F.col("_o").alias("o"), F.col("_op").alias("op"), F.col("_snapshot").alias("snap"))).over(
+        in_log_order.rowsBetween(Window.unboundedPreceding, -1))
+    ranked = ranked.withColumn("_before", before)
+    prior = F.col("_before")
+    stale = ~F.col("_held") & prior.isNotNull() & (F.col("_o") < prior["o"])
+    reason = (F.when(~stale, F.lit(None).cast("string"))
+              .when(prior["op"] == "d", F.lit("older_than_tombstone"))
+              .when(F.col("_snapshot") & ~prior["snap"], F.lit("snapshot_after_stream"))
+              .otherwise(F.lit("older_than_state")))
+    return ranked.withColumn("_stale", reason).drop("_before")
 
 
 def latest_per_key(ranked: DataFrame) -> DataFrame:
-    """One row per `_key`: the newest candidate, with `_stale` = how many events lost to the held row."""
+    """One row per `_key`: the newest candidate, with `_stale` = how many of its events were stale."""
     winner = F.max_by(F.struct(*[F.col(c) for c in CANDIDATE_COLUMNS], F.col("_o")), F.col("_o"))
     return (
         ranked.groupBy("_key")
-        .agg(winner.alias("w"), F.sum(F.col("_stale").cast("int")).alias("_stale"))
+        .agg(winner.alias("w"), F.count(F.col("_stale")).alias("_stale"))
         .select("w.*", "_stale")
     )
 
 
-def resolve(winners: DataFrame, truncate: dict[str, Any] | None, ordering: Ordering) -> DataFrame:
-    """The changes to apply: `_action` 'upsert' (state row) or 'delete' (tombstone).
+def older_than_truncate(truncate: Truncate, ordering: Ordering) -> Column:
+    """The Spark twin of `connector.ordering.older_than_truncate` over candidate columns
+    (`_o` must be set under the source ordering)."""
+    if ordering == "log":
+        same = (F.col("_topic") == F.lit(truncate.topic)) & (F.col("_partition_id") == F.lit(truncate.partition))
+        return (F.when(same, F.col("_sequence_number") < F.lit(truncate.sequence_number))
+                .otherwise(F.unix_micros(F.col("_enqueued_time")) < F.lit(truncate.enqueued_us)))
+    return F.col("_o") < literal_order(list(truncate.position) if truncate.position else None, truncate.snapshot,
+                                       truncate.partition, truncate.sequence_number, ordering)
 
-    A held winner changes nothing, unless a truncate newer than it removes the key: then
-    it becomes a delete carrying the truncate's position.
+
+def resolve(winners: DataFrame, truncate: Truncate | None, ordering: Ordering) -> DataFrame:
+    """The changes to apply, `_action`: 'upsert' (a state row), 'delete' (a tombstone), or
+    'truncate' (the key leaves the state; a truncate writes no tombstone).
+
+    A held winner changes nothing, unless `truncate` is newer than it and it is live. A
+    winning delete keeps its own metadata whatever truncate follows it.
     """
     is_delete = F.col("_op") == "d"
     if truncate is None:
         return winners.where(~F.col("_held")).withColumn(
             "_action", F.when(is_delete, F.lit("delete")).otherwise(F.lit("upsert"))
         )
-    t_order = literal_order(truncate["source_position"], truncate["snapshot"], truncate["partition"],
-                            truncate["sequence_number"], ordering)
-    truncated = F.col("_o") < t_order
-    changed = winners.where((~F.col("_held")) | (truncated & ~is_delete))
-    replaced = {
-        "_topic": F.lit(truncate["topic"]), "_partition_id": F.lit(truncate["partition"]),
-        "_offset": F.lit(truncate["offset"]), "_sequence_number": F.lit(truncate["sequence_number"]).cast("bigint"),
-        "_enqueued_time": F.lit(truncate["enqueued_time"]), "_op": F.lit("d"), "_snapshot": F.lit(False),
-        "_source_ts": F.lit(truncate["source_ts_ms"]).cast("bigint"),
-        "_source_position": F.lit(None).cast(POSITION_TYPE) if not truncate["source_position"]
-        else F.array(*[F.lit(int(x)) for x in truncate["source_position"]]).cast(POSITION_TYPE),
-        "_after": F.lit(None).cast("string"),
-    }
-    for col, value in replaced.items():
-        changed = changed.withColumn(col, F.when(truncated, value).otherwise(F.col(col)))
-    return changed.withColumn(
-        "_action", F.when(truncated | is_delete, F.lit("delete")).otherwise(F.lit("upsert"))
+    removed = ~is_delete & older_than_truncate(truncate, ordering)
+    return winners.where(~F.col("_held") | removed).withColumn(
+        "_action", F.when(removed, F.lit("truncate")).when(is_delete, F.lit("delete")).otherwise(F.lit("upsert"))
     )
 
 
@@ -114,7 +121,9 @@ def resolve(winners: DataFrame, truncate: dict[str, Any] | None, ordering: Order
 # of longs (no sort, partial aggregation before the shuffle). Keys the packed route cannot
 # settle by aggregation alone (a held or snapshot row without a position, or events that may
 # be older than the held row: stale events, which are counted and logged one by one) go
-# through the general route; a round that does not fit goes through it whole.
+# through the general route; a round that does not fit goes through it whole, and so does a
+# round with a stream whose changes are out of order (the planner's `monotone`): only the
+# window finds which events arrived after a newer one (stale events).
 
 MAX_POSITION = 8  # position elements the packed route compares (SQL Server positions have 7)
 
@@ -239,11 +248,11 @@ def packed_latest(candidates: DataFrame, packing: Packing, ordering: Ordering) -
     """
     held, pos = F.col("_held"), F.col("_source_position")
     seq, part = F.col("_sequence_number"), F.col("_partition_id")
+    rank_bit = F.when(F.col("_snapshot"), F.lit(0)).otherwise(F.lit(1)).cast("bigint")
     if ordering == "log":
-        has_p, pk, rank_bit = F.lit(True), F.lit(0).cast("bigint"), F.lit(1).cast("bigint")
+        has_p, pk = F.lit(True), F.lit(0).cast("bigint")
     else:
         has_p, pk = pos.isNotNull(), packing.position_key(pos)
-        rank_bit = F.when(F.col("_snapshot"), F.lit(0)).otherwise(F.lit(1)).cast("bigint")
     ps, rs, sb = packing.position_shift, packing.rank_shift, packing.seq_bits
     log_key = packing.log_key_col(part, seq)
     order = F.when(has_p, F.shiftleft(pk, ps) + F.shiftleft(rank_bit, rs) + log_key)
@@ -257,6 +266,7 @@ def packed_latest(candidates: DataFrame, packing: Packing, ordering: Ordering) -
         F.max(F.when(new_bare, log_key)).alias("bare"), F.min(F.when(new_bare, log_key)).alias("bare_min"),
         F.max(~has_p & (held | (rank_bit == 0))).alias("odd_bare"), F.max(F.when(held & has_p, order)).alias("o_h"),
         F.min(F.when(new_positioned, order)).alias("o_min"),
+        F.min(F.when(~held, part)).alias("p_lo"), F.max(F.when(~held, part)).alias("p_hi"),
     )
     low = F.lit((1 << ps) - 1)
     log_mask = F.lit((1 << rs) - 1)
@@ -273,7 +283,9 @@ def packed_latest(candidates: DataFrame, packing: Packing, ordering: Ordering) -
     win = F.when(bare_wins, bare).otherwise(o_w.bitwiseAND(log_mask))
     return agg.select(
         "_key",
-        (F.col("odd_bare") | stale_possible).alias("_irregular"),
+        # new events on two partitions: which came first is not known, nor which may be stale
+        (F.col("odd_bare") | stale_possible | F.coalesce(F.col("p_lo") != F.col("p_hi"), F.lit(False))
+         ).alias("_irregular"),
         (~bare_wins & o_h.isNotNull() & (o_h == o_w)).alias("_win_held"),
         F.shiftright(win, sb).cast("int").alias("_partition_id"),
         (win.bitwiseAND(F.lit((1 << sb) - 1)) + F.lit(packing.seq_min)).alias("_sequence_number"),

@@ -43,6 +43,9 @@ class StreamStats:
     # (`dedupe.bounds_columns`) and how many truncates it holds
     bounds: dict[str, Any] | None = field(default=None, compare=False)
     truncates: int = 0
+    # whether its changes come in order (each no older than the one before it in the stream,
+    # see `stats.Segment`): if not, some may be stale and only the general route finds them
+    monotone: bool = True
 
     @property
     def dirty_ratio(self) -> float:

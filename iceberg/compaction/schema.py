@@ -9,7 +9,7 @@ from typing import Iterable
 from pyspark.sql import SparkSession
 
 from connector.errors import SchemaConflictError
-from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA, TableNames
+from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ def existing_columns(spark: SparkSession, table: str) -> dict[str, str]:
 def ensure_tables(spark: SparkSession, names: TableNames) -> None:
     meta = ", ".join(f"{quote(n)} {t}" for n, t in META_COLUMNS)
     extra = ", ".join(f"{quote(n)} {t}" for n, t in TOMBSTONE_EXTRA)
-    for name, cols in ((names.state, meta), (names.tombstones, f"{meta}, {extra}")):
+    stale = ", ".join(f"{quote(n)} {t}" for n, t in STALE_COLUMNS)
+    for name, cols in ((names.state, meta), (names.tombstones, f"{meta}, {extra}"), (names.stale, stale)):
         spark.sql(f"CREATE TABLE IF NOT EXISTS {names.spark(name)} ({cols}) USING iceberg "
                   f"TBLPROPERTIES ({TABLE_PROPERTIES})")
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
@@ -83,6 +84,89 @@ class _Dirty:
     cleanable_events: int = 0
     bounds: dict | None = None
     truncates: int = 0
+    segments: list["Segment"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Some changes of one stream (a chunk's), in sequence-number order, as their order keys
+    without the log position: `(position..., rank)`, a position-less change taking the
+    position before it in the stream. `lead` are the ranks of the position-less changes
+    before the segment's first position (they take the previous segment's last one)."""
+
+    seq_min: int
+    seq_max: int
+    ordered: bool  # each change no older than the one before it, within the segment
+    first: tuple | None  # the first positioned change's (position..., rank)
+    last: tuple | None  # the last change's, position carried
+    lead: tuple[int, int] | None  # (first, last) rank of the leading position-less changes
+
+
+def segment(seq: np.ndarray, positions: pa.Array, snapshot: np.ndarray, ordering: str) -> Segment | None:
+    """The segment of a stream's changes (any order); None when positions differ in length
+    (such a round does not pack, and only the packed route needs to know)."""
+    order = np.argsort(seq, kind="stable")
+    rank = (~snapshot[order]).astype(np.int64)
+    n = len(order)
+    if ordering == "log":
+        keys = rank[:, None]
+        valid = np.ones(n, bool)
+    else:
+        taken = positions.take(pa.array(order))
+        valid = taken.is_valid().to_numpy(zero_copy_only=False)
+        lengths = set(pc.unique(pc.list_value_length(taken).drop_null()).to_pylist())
+        if len(lengths) > 1:
+            return None
+        width = lengths.pop() if lengths else 0
+        flat = (pc.list_flatten(taken).to_numpy(zero_copy_only=False).reshape(-1, width) if width
+                else np.zeros((int(valid.sum()), 0), np.int64))
+        # a position-less change takes the last position before it (carried, as the job does)
+        last = np.maximum.accumulate(np.where(valid, np.arange(n), -1))
+        carried = np.cumsum(valid) - 1
+        known = last >= 0
+        keys = np.zeros((n, width + 1), np.int64)
+        keys[known, :width] = flat[carried[known]]
+        keys[:, width] = rank
+        lead_n = int(np.argmax(known)) if known.any() else n
+        lead = (int(rank[0]), int(rank[lead_n - 1])) if lead_n else None
+        ordered = bool(np.all(np.diff(rank[:lead_n]) >= 0))
+        keys = keys[lead_n:]
+        ordered = ordered and _non_decreasing(keys)
+        first = tuple(map(int, keys[0])) if len(keys) else None
+        return Segment(int(seq[order[0]]), int(seq[order[-1]]), ordered, first,
+                       tuple(map(int, keys[-1])) if len(keys) else None, lead)
+    return Segment(int(seq[order[0]]), int(seq[order[-1]]), _non_decreasing(keys), tuple(map(int, keys[0])),
+                   tuple(map(int, keys[-1])), None)
+
+
+def _non_decreasing(keys: np.ndarray) -> bool:
+    """Whether the rows of `keys` are in lexicographic order."""
+    if len(keys) < 2:
+        return True
+    d = np.diff(keys, axis=0)
+    nonzero = d != 0
+    first = np.argmax(nonzero, axis=1)
+    return bool(np.all(d[np.arange(len(d)), first] >= 0))
+
+
+def in_order(segments: list[Segment | None]) -> bool:
+    """Whether a stream's segments, taken together, are in order (unknown: no)."""
+    if any(s is None for s in segments):
+        return False
+    carry: tuple | None = None
+    high = None
+    for s in sorted(segments, key=lambda s: s.seq_min):  # type: ignore[union-attr]
+        if not s.ordered or (high is not None and s.seq_min <= high):
+            return False
+        high = s.seq_max
+        if s.lead is not None and carry is not None:
+            if carry[-1] > s.lead[0]:
+                return False
+            carry = (*carry[:-1], s.lead[1])
+        if s.first is not None and carry is not None and carry > s.first:
+            return False
+        carry = s.last if s.last is not None else carry
+    return True
 
 
 def _per_stream(rows: pa.Table, points: dict[str, int], streams: list[str]) -> Iterator[tuple[str, pa.Table]]:
@@ -116,7 +200,7 @@ def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, 
             first = pc.min(mine["sequence_number"]).as_py()
             young[stream] = min(young.get(stream, first), first)
     columns = ("topic", "partition", "sequence_number", "payload_bytes", "enqueued_time") + (
-        ("op", "source_position") if bounds else ())
+        ("op", "source_position", "snapshot") if bounds else ())
     totals = {s: _Dirty() for s in streams}
     for rows in _chunks(log.scan(row_filter=dirty, selected_fields=columns), chunk_rows):
         for stream, mine in _per_stream(rows, points, streams):
@@ -131,7 +215,7 @@ def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, 
             cleanable_bytes=d.cleanable_bytes, cleanable_end=end, first_dirty_time=d.first_time,
             dirty_events=d.events, cleanable_events=d.cleanable_events,
             **({"bounds": d.bounds or _bounds(log.schema().select(*columns).as_arrow().empty_table(), policy)["bounds"],
-                "truncates": d.truncates} if bounds else {}),
+                "truncates": d.truncates, "monotone": in_order(d.segments)} if bounds else {}),
         ))
     return out
 
@@ -152,6 +236,10 @@ def _add(d: _Dirty, mine: pa.Table, end: int | None, policy: CompactionPolicy | 
         got = _bounds(cleanable, policy)
         d.bounds = got["bounds"] if d.bounds is None else merge_bounds(d.bounds, got["bounds"])
         d.truncates += got["truncates"]
+        events = cleanable.filter(pc.not_equal(cleanable["op"], "t").fill_null(True))
+        if events.num_rows:
+            d.segments.append(segment(events["sequence_number"].to_numpy(), events["source_position"].combine_chunks(),
+                                      events["snapshot"].to_numpy(), policy.ordering))
 
 
 def _bounds(rows: pa.Table, policy: CompactionPolicy) -> dict:

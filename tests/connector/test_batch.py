@@ -190,7 +190,28 @@ key_docs = st.dictionaries(st.sampled_from(["z", "id", "a b", 'q"']), st.one_of(
                      b'{"id":"\\u0041"}', b'{"id":"\xc3\xa9"}', b'{"id":"a/b~"}', b'{"id":"\x7f"}'])),
     min_size=1, max_size=12))
 def test_key_texts_are_the_canonical_key_texts(raw_keys):
+    """Arrow's keys equal the per-record route's, and are null exactly where that route
+    refuses the key (not JSON, not an object) or has none (JSON null)."""
     from connector.arrow_json import key_texts
-    from connector.debezium import _key_text
+    from connector.debezium import key_text_or_none
 
-    assert key_texts(pa.array(raw_keys, pa.binary())).to_pylist() == [_key_text(k) for k in raw_keys]
+    assert key_texts(pa.array(raw_keys, pa.binary())).to_pylist() == list(map(key_text_or_none("json"), raw_keys))
+
+
+@pytest.mark.parametrize("raw,json_key,text_key", [
+    (b'{"id":5}', '{"id":5}', '{"id":5}'),
+    (b'{"schema":{"type":"struct"},"payload":{"id":5}}', '{"id":5}', '{"schema":{"type":"struct"},"payload":{"id":5}}'),
+    (b"id=5", None, "id=5"),  # not JSON: refused as a Debezium key, a text key as sent
+    (b"5", None, "5"),  # JSON, not an object
+    (b'"5"', None, '"5"'),
+    (b"[5]", None, "[5]"),
+    (b"null", None, "null"),  # a JSON null is no key
+    (b"\xff\xfe", None, None),  # not UTF-8 either: refused, never replaced by U+FFFD
+])
+def test_key_formats(raw, json_key, text_key):
+    from connector.arrow_json import key_texts
+    from connector.debezium import key_text_or_none
+
+    for fmt, want in (("json", json_key), ("text", text_key)):
+        assert key_text_or_none(fmt)(raw) == want
+        assert key_texts(pa.array([raw], pa.binary()), fmt).to_pylist() == [want]

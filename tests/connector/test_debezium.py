@@ -1,4 +1,4 @@
-"""Decoding of real Debezium samples (../shared/fixtures/debezium), no Spark."""
+"""Decoding of real Debezium samples (tests/fixtures/debezium), no Spark."""
 
 from __future__ import annotations
 
@@ -71,8 +71,11 @@ def test_postgres_position_and_junk_key(fixtures):
     assert [e.key for e in events] == ['{"order_id":1}', '{"order_id":2}', '{"order_id":3}', '{"order_id":1}']
     assert events[0].position == (23911624,) and events[0].snapshot
     assert events[3].position > events[0].position and not events[3].snapshot
-    # without key_fields the junk record key is used verbatim: every row would share it
-    assert Decoder().decode(rec(lines[0].split("^", 1)[1], "****")).key == "****"
+    # without key_fields the junk record key is a dead letter (Debezium keys are JSON objects) ...
+    refused = Decoder().decode(rec(lines[0].split("^", 1)[1], "****"))
+    assert isinstance(refused, DeadLetter) and refused.reason == "key", refused
+    # ... unless the source's keys are text (Event Hubs AMQP's partition key): then used as sent
+    assert Decoder(key_format="text").decode(rec(lines[0].split("^", 1)[1], "****")).key == "****"
 
 
 def test_postgres_replica_identity_default_delete_keeps_record_key(fixtures):
@@ -183,3 +186,30 @@ def test_schemaless_types_follow_each_images_values_not_a_cached_guess():
     assert c.after_types == {"id": "bigint", "v": "boolean"} and c.after == {"id": 3, "v": True}
     assert n.after_types == {"id": "bigint", "v": "string"} and n.after == {"id": 4, "v": '{"x":[1]}'}
     assert d.decode(rec({"op": "c", "after": {"v": None, "id": 5}, "source": src})).after_types == {"id": "bigint"}
+
+
+# Kafka Connect's JsonConverter names of the primitive schema types (JsonSchema's *_TYPE_NAME
+# constants), and the Spark type each column gets.
+CONNECT_TYPES = [("int8", 1, "int"), ("int16", 2, "int"), ("int32", 3, "int"), ("int64", 4, "bigint"),
+                 ("float", 1.5, "float"), ("double", 14133.97, "double"), ("boolean", True, "boolean"),
+                 ("string", "x", "string"), ("bytes", "AAE=", "binary")]
+
+
+@pytest.mark.parametrize("connect_type,value,spark_type", CONNECT_TYPES)
+def test_every_jsonconverter_type_name_keeps_its_type(connect_type, value, spark_type):
+    """A schema-enabled stream types a column as the schema says, never as text
+    (`{"schema", "payload"}` as JsonConverter writes it with schemas.enable=true)."""
+    field = {"type": connect_type, "optional": True, "field": "v"}
+    envelope = {"schema": {"type": "struct", "fields": [
+        {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}, field],
+         "optional": True, "name": "srv.inventory.customers.Value", "field": "after"},
+        {"type": "string", "optional": False, "field": "op"}], "optional": False},
+        "payload": {"op": "c", "after": {"id": 1, "v": value},
+                    "source": {"connector": "postgresql", "table": "customers", "lsn": 7}}}
+    e = Decoder().decode(rec(envelope, {"id": 1}))
+    assert isinstance(e, ChangeEvent), e
+    assert e.after_types["v"] == spark_type
+    assert e.after["v"] == value  # the value as sent: Spark casts it to the column's type
+    if connect_type == "double":  # the same event without schemas is typed alike
+        plain = Decoder().decode(rec(envelope["payload"], {"id": 1}))
+        assert plain.after_types["v"] == e.after_types["v"] == "double"

@@ -52,7 +52,7 @@ def offsets_by_key(settings: Settings, name: str) -> dict[str, str]:
 
 
 def decoded(path: Path, settings: Settings):
-    d = Decoder(settings.key_fields())
+    d = Decoder(settings.key_fields(), settings.source.keys)
     return [d.decode(parse_line(json.loads(line))) for line in path.read_text().splitlines() if line.strip()]
 
 

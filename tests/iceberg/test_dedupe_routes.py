@@ -112,7 +112,11 @@ def frame(spark, rows, width):
 def test_packed_winners_equal_the_general_route(spark, rows, width, ordering):
     from pyspark.sql import functions as F
 
+    import numpy as np
+    import pyarrow as pa
+
     from iceberg.compaction.job import _bounds
+    from iceberg.compaction.stats import in_order, segment
 
     df = frame(spark, rows, width)
     general = {r["_key"]: r for r in dedupe.latest_per_key(dedupe.rank(df, ordering)).collect()}
@@ -121,13 +125,19 @@ def test_packed_winners_equal_the_general_route(spark, rows, width, ordering):
     assert packing is not None
     packed = {r["_key"]: r for r in dedupe.packed_latest(df, packing, ordering).collect()}
     assert packed.keys() == general.keys()
-    own = {(r["_key"], r["_held"], r["_partition_id"], r["_sequence_number"]): r["_source_position"]
-           for r in df.collect()}
+    rows_ = df.collect()
+    own = {(r["_key"], r["_held"], r["_partition_id"], r["_sequence_number"]): r["_source_position"] for r in rows_}
+    # the job packs only a round whose streams are in order (the planner's check of the log)
+    in_order_ = all(in_order([segment(np.array([r["_sequence_number"] for r in new]),
+                                      pa.array([r["_source_position"] for r in new], pa.list_(pa.int64())),
+                                      np.array([r["_snapshot"] for r in new]), ordering)])
+                    for part in (0, 1) if (new := [r for r in rows_ if not r["_held"] and r["_partition_id"] == part]))
     for key, g in general.items():
         p = packed[key]
         if p["_irregular"]:
             continue  # settled by the general route
-        assert g["_stale"] == 0, f"{key}: stale events on a key the packed route settles"
+        if in_order_:
+            assert g["_stale"] == 0, f"{key}: stale events on a key the packed route settles"
         winner = (p["_win_held"], p["_partition_id"], p["_sequence_number"])
         assert winner == (g["_held"], g["_partition_id"], g["_sequence_number"]), key
         assert p["_id"] == packing.log_key(p["_partition_id"], p["_sequence_number"]), key

@@ -7,6 +7,7 @@ import json
 from datetime import timedelta
 
 import pyarrow as pa
+import pytest
 
 from connector.app import policy_of
 from iceberg.catalog import load_catalog
@@ -84,3 +85,49 @@ def test_stream_stats_read_a_few_files_at_a_time_match_the_whole_range(settings,
     # what the test exercises: young events end two ranges early, truncates are counted
     assert [v[1] for v in expected.values()] == [151, 240, 61]
     assert all(v[7] for v in expected.values())
+
+
+def _seg(seqs, positions, snapshots=None, ordering="source"):
+    import numpy as np
+
+    from iceberg.compaction.stats import segment
+
+    snaps = np.array(snapshots if snapshots is not None else [False] * len(seqs))
+    return segment(np.array(seqs), pa.array([None if p is None else [p] for p in positions], pa.list_(pa.int64())),
+                   snaps, ordering)
+
+
+@pytest.mark.parametrize("parts,ordered", [
+    ([([0, 1, 2], [5, 6, 7])], True),
+    ([([2, 0, 1], [7, 5, 6])], True),  # read in any order, judged in sequence-number order
+    ([([0, 1, 2], [5, 3, 7])], False),  # lsn 3 arrives after lsn 5
+    ([([0, 1, 2], [5, None, 6])], True),  # a bare tombstone carries lsn 5
+    ([([0, 1], [None, None])], True),  # bare tombstones only
+    ([([0, 1], [5, 6]), ([2, 3], [7, 8])], True),
+    ([([2, 3], [7, 8]), ([0, 1], [5, 9])], False),  # across chunks: 9 then 7
+    ([([0, 1], [5, 6]), ([1, 2], [7, 8])], False),  # overlapping chunks: not known, so no
+    ([([0, 1], [5, 6]), ([2, 3], [None, 6])], True),  # a leading bare tombstone carries the chunk before's 6
+])
+def test_segments_say_whether_a_stream_is_in_order(parts, ordered):
+    from iceberg.compaction.stats import in_order
+
+    assert in_order([_seg(s, p) for s, p in parts]) is ordered
+
+
+def test_a_snapshot_read_after_a_streamed_change_at_its_position_is_out_of_order():
+    from iceberg.compaction.stats import in_order
+
+    assert not in_order([_seg([0, 1], [5, 5], [False, True])])
+    assert in_order([_seg([0, 1], [5, 5], [True, False])])
+    # after a bare tombstone (rank 1, carried 5), across chunks
+    assert not in_order([_seg([0, 1], [5, None], [True, False]), _seg([2], [5], [True])])
+    # under log only the rank counts: a snapshot read after a streamed change
+    assert not in_order([_seg([0, 1], [9, 1], [False, True], "log")])
+    assert in_order([_seg([0, 1], [9, 1], [True, False], "log")])
+    # positions of two lengths: unknown, so not in order (such a round does not pack anyway)
+    import numpy as np
+
+    from iceberg.compaction.stats import segment
+
+    mixed = segment(np.array([0, 1]), pa.array([[1], [1, 2]], pa.list_(pa.int64())), np.array([False, False]), "source")
+    assert mixed is None and not in_order([mixed])
