@@ -15,13 +15,36 @@ _NULL_TEXT = pa.scalar(None, pa.string())
 _SPARK_TYPES = {pa.int64(): "bigint", pa.float64(): "double", pa.bool_(): "boolean", pa.string(): "string"}
 
 
-def json_objects(values: pa.Array) -> pa.Array:
-    """Per value: it may be one JSON object on one line (what `parse` takes)."""
-    objects = pc.starts_with(values, "{").fill_null(False)
+MAX_BRACKETS = 64  # a value with more `[` and `{` than this takes the per-record route
+
+
+def json_objects(values: pa.Array, max_brackets: int = MAX_BRACKETS) -> pa.Array:
+    """Per value: it may be one JSON object on one line (what `parse` takes), in valid UTF-8,
+    with few enough brackets that it cannot nest deeply (Arrow's reader recurses without a
+    limit: a 10,000-deep array crashes the process; the per-record route refuses it)."""
+    objects = pc.and_(pc.starts_with(values, "{").fill_null(False), utf8_valid(values))
+    brackets = pc.add(pc.count_substring(values, "["), pc.count_substring(values, "{"))
+    objects = pc.and_(objects, pc.less_equal(brackets, max_brackets).fill_null(False))
     if not _line_breaks(values):
         return objects
     line_break = pc.or_(pc.match_substring(values, "\n"), pc.match_substring(values, "\r"))
     return pc.and_(objects, pc.invert(line_break.fill_null(False)))
+
+
+def utf8_valid(values: pa.Array) -> pa.Array:
+    """Per value: valid UTF-8 (Arrow's JSON reader takes invalid bytes into its strings)."""
+    try:
+        values.cast(pa.string())  # validates every value at once: the usual answer is yes
+        return pa.repeat(pa.scalar(True), len(values))
+    except pa.ArrowInvalid:
+        def valid(v: bytes | None) -> bool:
+            try:
+                v is None or v.decode("utf-8")
+            except UnicodeDecodeError:
+                return False
+            return True
+
+        return pa.array([valid(v) for v in values.to_pylist()], pa.bool_())
 
 
 def _line_breaks(values: pa.Array) -> bool:
@@ -129,8 +152,9 @@ def after_json(after: pa.StructArray) -> tuple[pa.Array, pa.Array, pa.Array]:
                 bad = pc.or_kleene(bad, pc.match_substring_regex(col, r"[\x00-\x1f]").fill_null(False))
                 text = pc.replace_substring(pc.replace_substring(col, "\\", "\\\\"), '"', '\\"')
         else:
-            if f.type == pa.float64():
-                bad = pc.or_kleene(bad, pc.equal(pc.floor(col), col).fill_null(False))
+            if f.type == pa.float64():  # integral (5.0 reads as 5 elsewhere) or not finite (NaN is not JSON)
+                integral = pc.equal(pc.floor(col), col).fill_null(False)
+                bad = pc.or_kleene(bad, pc.or_(integral, pc.invert(pc.is_finite(col).fill_null(True))))
             text = col.cast(pa.string())
         columns.append((orjson.dumps(f.name).decode(), col, text, f.type == pa.string(), _SPARK_TYPES[f.type]))
     if not columns:

@@ -29,7 +29,7 @@ from connector.arrow_json import _NULL_TEXT, after_json, json_objects, key_texts
 from connector.debezium import Decoder, _source_table
 from connector.errors import DecodeError
 from connector.ordering import SNAPSHOT_MARKERS
-from connector.records import ChangeEvent, DeadLetter, SourceRecord
+from connector.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
 from iceberg.layouts import DEAD_LETTER_SCHEMA, LOG_SCHEMA, UTC_TS
 
 # A source's records as columns: the log's own types, the key as the raw bytes.
@@ -201,6 +201,10 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime, chunk: int
     records take the Arrow route in chunks of at least `chunk`, on `DECODE_THREADS` threads."""
     out = Decoded()
     candidate = json_objects(batch.table["value"].combine_chunks())
+    headers = batch.table["headers"].combine_chunks()
+    if headers.null_count < len(headers):  # a record a source could not read is a dead letter as it is
+        unread = pc.match_substring(headers, f'"{SOURCE_ERROR_HEADER}"').fill_null(False)
+        candidate = pc.and_(candidate, pc.invert(unread))
     topics = batch.table["topic"].combine_chunks()
     taken: list[pa.Array] = []
     learned: list[tuple[int, str, str]] = []

@@ -19,9 +19,10 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from connector.config import Settings, load_settings
-from connector.errors import ConnectorError
+from connector.errors import ConfigError, ConnectorError, SetupError
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, rich_markup_mode="markdown", add_completion=False)
 console = Console()
@@ -36,16 +37,24 @@ def _settings(config: Optional[Path], **overrides) -> Settings:
     try:
         return load_settings(config, **overrides)
     except ConnectorError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print("[red]error:[/red]", Text(str(e)), soft_wrap=True)
         raise typer.Exit(2) from None
 
 
+class QueryError(ConnectorError):
+    """A query Spark refused (syntax, unknown table or column)."""
+
+
 def _guard(fn):
-    """Turn ConnectorErrors into one clear line and exit code 1."""
+    """Turn ConnectorErrors into one clear line: exit code 2 for configuration and set-up
+    errors (fix the configuration), 1 for the rest."""
     try:
         return fn()
+    except (ConfigError, SetupError) as e:
+        console.print("[red]error:[/red]", Text(str(e)), soft_wrap=True)
+        raise typer.Exit(2) from None
     except ConnectorError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print("[red]error:[/red]", Text(str(e)), soft_wrap=True)
         raise typer.Exit(1) from None
 
 
@@ -194,10 +203,15 @@ def quotas(config: Optional[Path] = ConfigOpt) -> None:
 
 
 def _print_query(settings: Settings, sql: str, limit: int) -> None:
+    from pyspark.errors import PySparkException
+
     from iceberg.spark import get_spark
 
-    df = get_spark(settings).sql(sql)
-    rows = df.limit(limit).collect()
+    try:
+        df = get_spark(settings).sql(sql)
+        rows = df.limit(limit).collect()
+    except PySparkException as e:  # Spark's own message, first line: no JVM stack trace
+        raise QueryError(f"query failed: {str(e).strip().splitlines()[0]}") from None
     table = Table(*df.columns, title=sql)
     for r in rows:
         table.add_row(*["" if v is None else str(v) for v in r])

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import contextvars
 import json
+import os
+import re
+import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings.exceptions import SettingsError
 
 from connector.errors import ConfigError
 
@@ -28,6 +32,13 @@ class _Section(BaseModel):
 class CatalogConfig(_Section):
     name: str = Field("lake", description="catalog name, the same for pyiceberg and Spark")
     uri: str | None = Field(None, description="SQLAlchemy URI of the SQL catalog; default <work_dir>/catalog.db")
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, uri: str | None) -> str | None:
+        if uri is not None and not re.match(r"^(sqlite:///|postgresql(\+\w+)?://)", uri):
+            raise ValueError(f"{uri!r}: give sqlite:////abs/path/catalog.db or postgresql://user:pass@host/db")
+        return uri
     warehouse: str | None = Field(None, description="warehouse location; default <work_dir>/warehouse")
     namespace: str = "cdc"
     properties: dict[str, str] = Field(default_factory=dict, description="extra FileIO properties (s3.*, adls.*)")
@@ -204,11 +215,26 @@ class QuotaConfig(_Section):
 
 
 class SparkConfig(_Section):
-    master: str = "local[2]"
-    driver_memory: str = "4g"
+    master: str = Field("local[2]", description="local[N], local[*], spark://host:port, k8s://https://host:port, yarn")
+    driver_memory: str = Field("4g", description="JVM heap of the driver, e.g. 4g, 512m")
     shuffle_partitions: int = Field(8, gt=0)
     jars_dir: str | None = Field(None, description="directory of Spark's JVM jars; default <repo>/.cache/jars")
     conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("master")
+    @classmethod
+    def _master(cls, v: str) -> str:
+        if not re.match(r"^(local(\[(\*|\d+)(,\d+)?\])?|spark://\S+|k8s://\S+|yarn)$", v):
+            raise ValueError(f"{v!r} is not a Spark master: give local[2], local[*], spark://host:7077, "
+                             "k8s://https://host:443 or yarn")
+        return v
+
+    @field_validator("driver_memory")
+    @classmethod
+    def _memory(cls, v: str) -> str:
+        if not re.match(r"(?i)^\d+[kmgt]?$", v):
+            raise ValueError(f"{v!r} is not a JVM memory size: give a number with k, m, g or t, e.g. 4g")
+        return v
 
 
 class Settings(BaseSettings):
@@ -249,10 +275,26 @@ class Settings(BaseSettings):
         return {t: c.key_fields for t, c in self.tables.items() if c.key_fields}
 
 
+# CDCLAKE_* variables that are not settings: the config file's path, test fault points
+NOT_SETTINGS = frozenset({"CONFIG", "CRASH_AT", "FAIL_AT", "FUZZ_RECORDS"})
+
+
+def _unknown_environment() -> list[str]:
+    known = {name.upper() for name in Settings.model_fields}
+    return sorted(k for k in os.environ if k.startswith("CDCLAKE_")
+                  and k[len("CDCLAKE_"):].split("__", 1)[0] not in known | NOT_SETTINGS)
+
+
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
-    """Settings from `path` (TOML), the environment and `overrides`, validated now."""
+    """Settings from `path` (TOML), the environment and `overrides`, validated now.
+
+    Raises ConfigError, one line naming the file, key or variable and what is wrong."""
     if path is not None and not Path(path).is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
+    unknown = _unknown_environment()
+    if unknown:
+        raise ConfigError(f"unknown environment variable {', '.join(unknown)}: settings are CDCLAKE_<SECTION>__<KEY> "
+                          f"with a section of {', '.join(sorted(Settings.model_fields))}")
     token = _CONFIG_FILE.set(Path(path) if path else None)
     try:
         return Settings(**overrides)
@@ -260,5 +302,10 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         where = f" in {path}" if path else ""
         raise ConfigError(f"invalid configuration{where} (or CDCLAKE_* environment): {problems}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML in UTF-8: {e}") from None
+    except SettingsError as e:  # a CDCLAKE_* value that should be JSON (a section, a list) is not
+        raise ConfigError(f"invalid CDCLAKE_* environment variable: {e} (sections and lists are JSON, e.g. "
+                          "CDCLAKE_SOURCE__TOPICS='[\"a\", \"b\"]')") from None
     finally:
         _CONFIG_FILE.reset(token)

@@ -9,20 +9,43 @@ Accepts Kafka Connect JsonConverter output with `schemas.enable` true (`{"schema
 from __future__ import annotations
 
 import base64
+import binascii
+import json
 import re
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from decimal import Decimal
+from decimal import Decimal, DecimalException
 from functools import lru_cache
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import orjson
 
 from connector.errors import DecodeError
-from connector.ordering import is_snapshot, source_position
-from connector.records import ChangeEvent, DeadLetter, SourceRecord
+from connector.ordering import INT64_MAX, INT64_MIN, is_snapshot, source_position
+from connector.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
 
 OPS = frozenset("cudrt")
 MAX_TOPICS = 10_000  # bound of the learned topic -> table map
+MAX_DECIMAL_PRECISION = 38  # Spark's and Iceberg's
+# names the state table gives its metadata columns (`iceberg.layouts.META_COLUMNS`)
+RESERVED_COLUMNS = frozenset({"_key", "_topic", "_partition_id", "_offset", "_sequence_number", "_enqueued_time",
+                              "_op", "_snapshot", "_source_ts", "_source_position", "_payload_bytes",
+                              "deleted_at", "expires_at"})
+UNROUTABLE = "unroutable"  # the dead letters of records whose topic names no usable table
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """What one event may hold; an event over a limit is a dead letter (reason `limit`), so
+    no single record can exhaust the process or the table's metadata."""
+
+    max_depth: int = 64  # nesting of the value's JSON
+    max_columns: int = 1_000  # after-image columns
+    max_name_length: int = 128  # a column's name
+    max_table_name_length: int = 100  # a table's name (its files' directory names carry it)
+
+
+_LONG_NUMBER = re.compile(rb"\d{19,}")  # an integer that may be outside the 64-bit range
 
 _EPOCH = datetime(1970, 1, 1)
 _TABLE_CHARS = re.compile(r"[^a-z0-9_]+")
@@ -44,11 +67,14 @@ def canonical(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def table_name(text: str) -> str:
+def table_name(text: str, max_length: int = DecodeLimits.max_table_name_length) -> str:
     """A Debezium table or topic segment as an Iceberg table name."""
     name = _TABLE_CHARS.sub("_", text.lower()).strip("_")
     if not name:
         raise DecodeError("route", f"cannot derive a table name from {text!r}")
+    if len(name) > max_length:
+        raise DecodeError("route", f"table name {name[:40]!r}... has {len(name)} characters, over the limit of "
+                                   f"{max_length} (limits.max_table_name_length)")
     return name
 
 
@@ -61,10 +87,15 @@ def _ts_micros(micros: int) -> str:
     return (_EPOCH + timedelta(microseconds=micros)).isoformat(sep=" ")
 
 
-def _decimal(scale: int) -> Callable[[Any], str]:
+def _decimal(scale: int, precision: int | None) -> Callable[[Any], str]:
+    """Connect's Decimal (big-endian two's complement bytes, base64 in JSON) as exact text;
+    a value with more digits than the column's precision is refused, never rounded."""
     def convert(v: Any) -> str:
-        raw = base64.b64decode(v) if isinstance(v, str) else bytes(v)
-        return str(Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale))
+        raw = base64.b64decode(v, validate=True) if isinstance(v, str) else bytes(v)
+        unscaled = int.from_bytes(raw, "big", signed=True)
+        if precision is not None and len(str(abs(unscaled))) > precision:
+            raise DecodeError("value", f"decimal {unscaled}E-{scale} has more than {precision} digits")
+        return str(Decimal(unscaled).scaleb(-scale))
 
     return convert
 
@@ -94,8 +125,11 @@ def _field_codec(field: Mapping[str, Any]) -> tuple[str, Callable[[Any], Any]]:
         return "timestamp", ident
     if name == "org.apache.kafka.connect.data.Decimal":
         scale = int(params.get("scale", 0))
-        precision = min(int(params.get("connect.decimal.precision", 38)), 38)
-        return f"decimal({max(precision, scale)},{scale})", _decimal(scale)
+        precision = int(params.get("connect.decimal.precision", MAX_DECIMAL_PRECISION))
+        if not 0 <= scale <= precision <= MAX_DECIMAL_PRECISION:
+            # not a Spark / Iceberg decimal: kept exact, as text (like VariableScaleDecimal)
+            return "string", _decimal(scale, None)
+        return f"decimal({precision},{scale})", _decimal(scale, precision)
     if name == "io.debezium.data.VariableScaleDecimal":
         return "string", _variable_decimal
     if ftype in _PRIMITIVE:
@@ -134,17 +168,90 @@ def _inferred(after: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]
 
 
 def _normalise(after: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]]:
-    """Values as JSON scalars castable to their Spark types, and the types themselves."""
+    """Values as JSON scalars castable to their Spark types, and the types themselves; a
+    value its type cannot hold is a DecodeError (reason `value`) naming the column."""
     if schema is not None:
-        codecs = {f["field"]: _field_codec(f) for f in schema.get("fields", [])}
+        codecs = {f["field"]: _field_codec(f) for f in schema.get("fields", []) if isinstance(f, dict)}
         values, types = {}, {}
         for col, v in after.items():
             stype, convert = codecs.get(col) or (_infer_type(v), _json_text if isinstance(v, (dict, list)) else (lambda x: x))
-            values[col] = None if v is None else convert(v)
+            try:
+                values[col] = None if v is None else convert(v)
+            except DecodeError as e:
+                raise DecodeError("value", f"column {col!r}: {e.detail}") from None
+            except (ValueError, TypeError, OverflowError, ArithmeticError, DecimalException, binascii.Error) as e:
+                raise DecodeError("value", f"column {col!r}: {v!r} is not a {stype} ({type(e).__name__}: {e})"
+                                  ) from None
             if stype:
                 types[col] = stype
         return values, types
     return _inferred(after)
+
+
+def _check_image(after: Mapping[str, Any], limits: DecodeLimits) -> None:
+    """Column names a table can hold, and not too many of them (reasons `schema`, `limit`)."""
+    if len(after) > limits.max_columns:
+        raise DecodeError("limit", f"the after-image has {len(after)} columns, over the limit of "
+                                   f"{limits.max_columns} (limits.max_columns)")
+    seen: dict[str, str] = {}
+    for col in after:
+        if not col or not col.strip():
+            raise DecodeError("schema", "a column has an empty name")
+        if len(col) > limits.max_name_length:
+            raise DecodeError("limit", f"column {col[:40]!r}... has a name of {len(col)} characters, over the limit "
+                                       f"of {limits.max_name_length} (limits.max_name_length)")
+        if col in RESERVED_COLUMNS:
+            raise DecodeError("schema", f"column {col!r} has the name of a metadata column of the state table")
+        other = seen.setdefault(col.lower(), col)
+        if other != col:
+            raise DecodeError("schema", f"columns {other!r} and {col!r} differ only in case (Spark and Iceberg "
+                                        "resolve names case-insensitively)")
+
+
+def _depth(doc: Any) -> int:
+    """The nesting depth of a parsed JSON value (iterative: no recursion limit)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif not isinstance(v, list):
+            continue
+        deepest = max(deepest, d)
+        stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
+    return deepest
+
+
+def _out_of_range(doc: Any) -> int | None:
+    """An integer anywhere in the value outside the 64-bit range, if any."""
+    stack = [doc]
+    while stack:
+        v = stack.pop()
+        if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+            return v
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
+
+
+def parse_value(raw: bytes, limits: DecodeLimits) -> Any:
+    """The value's JSON, exactly: orjson reads an integer past 64 bits as a float, so a value
+    with long digit runs is read again by the standard library (exact integers), and one
+    outside the 64-bit range is refused; so is one nested deeper than `limits.max_depth`."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise DecodeError("json", f"value is not JSON ({e})") from None
+    if _LONG_NUMBER.search(raw):
+        doc = json.loads(raw)
+        big = _out_of_range(doc)
+        if big is not None:
+            raise DecodeError("value", f"integer {big} is outside the 64-bit range")
+    if raw.count(b"[") + raw.count(b"{") > limits.max_depth and _depth(doc) > limits.max_depth:
+        raise DecodeError("limit", f"the value is nested deeper than {limits.max_depth} levels (limits.max_depth)")
+    return doc
 
 
 def _after_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -230,8 +337,8 @@ def key_text_or_none(key_format: KeyFormat) -> Callable[[bytes], str | None]:
 
 
 @lru_cache(maxsize=MAX_TOPICS)
-def _source_table(text: str) -> str:
-    return table_name(text)
+def _source_table(text: str, max_length: int = DecodeLimits.max_table_name_length) -> str:
+    return table_name(text, max_length)
 
 
 class Decoder:
@@ -243,19 +350,31 @@ class Decoder:
     routed to the table its topic carried.
     """
 
-    def __init__(self, key_fields: Mapping[str, Sequence[str]] | None = None, key_format: KeyFormat = "json"):
+    def __init__(self, key_fields: Mapping[str, Sequence[str]] | None = None, key_format: KeyFormat = "json",
+                 limits: DecodeLimits = DecodeLimits()):
         self.key_fields = {t: tuple(f) for t, f in (key_fields or {}).items()}
         self.key_format = key_format
+        self.limits = limits
         self._topic_tables: dict[str, str] = {}
 
     def decode(self, record: SourceRecord) -> ChangeEvent | DeadLetter:
         """Never raises for bad input: returns a DeadLetter with the reason instead."""
+        if record.headers and record.headers[0][0] == SOURCE_ERROR_HEADER:
+            why = record.headers[0][1] or b""
+            return DeadLetter(record, self.dead_letter_table(record.topic), "source", why.decode("utf-8", "replace"))
         try:
             return self._decode(record)
         except DecodeError as e:
-            return DeadLetter(record, self._route(record.topic, None), e.reason, e.detail)
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
-            return DeadLetter(record, self._route(record.topic, None), "envelope", f"{type(e).__name__}: {e}")
+            return DeadLetter(record, self.dead_letter_table(record.topic), e.reason, e.detail)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as e:
+            return DeadLetter(record, self.dead_letter_table(record.topic), "envelope", f"{type(e).__name__}: {e}")
+
+    def dead_letter_table(self, topic: str) -> str:
+        """Where a topic's dead letters go: its table, or `unroutable` when it names none."""
+        try:
+            return self._route(topic, None)
+        except DecodeError:
+            return UNROUTABLE
 
     def topic_tables(self) -> dict[str, str]:
         """The topic -> table map learned so far (a copy)."""
@@ -268,10 +387,11 @@ class Decoder:
 
     def _route(self, topic: str, source: Mapping[str, Any] | None) -> str:
         if source and isinstance(source.get("table"), str):
-            table = _source_table(source["table"])
+            table = _source_table(source["table"], self.limits.max_table_name_length)
             self.learn(topic, table)
             return table
-        return self._topic_tables.get(topic) or topic_table(topic)
+        return self._topic_tables.get(topic) or table_name(topic.rsplit(".", 1)[-1],
+                                                           self.limits.max_table_name_length)
 
     def _record_key(self, record: SourceRecord) -> str | None:
         return None if record.key is None else key_text(record.key, self.key_format)
@@ -279,10 +399,7 @@ class Decoder:
     def _decode(self, record: SourceRecord) -> ChangeEvent:
         if record.value is None:
             return self._tombstone(record)
-        try:
-            doc = orjson.loads(record.value)
-        except orjson.JSONDecodeError as e:
-            raise DecodeError("json", f"value is not JSON ({e})") from None
+        doc = parse_value(record.value, self.limits)
         schema = None
         if type(doc) is dict and len(doc) == 2 and "schema" in doc and "payload" in doc:
             schema, doc = doc["schema"], doc["payload"]
@@ -301,8 +418,12 @@ class Decoder:
         if op not in OPS:
             raise DecodeError("op", f"unsupported op {op!r} (expected one of c, u, d, r, t)")
         table = self._route(record.topic, source)
+        if source is not None and type(source) is not dict:
+            raise DecodeError("envelope", f"'source' is a JSON {type(source).__name__}, not an object")
         snapshot, position = is_snapshot(source, op), source_position(source)
         ts_ms = (source.get("ts_ms") if source else None) or doc.get("ts_ms")
+        if ts_ms is not None and (type(ts_ms) is not int or not INT64_MIN <= ts_ms <= INT64_MAX):
+            raise DecodeError("envelope", f"ts_ms = {ts_ms!r} is not an integer in the 64-bit range")
         if op == "t":
             return ChangeEvent(record, table, None, op, snapshot, False, position, ts_ms)
         if op == "d":
@@ -312,6 +433,7 @@ class Decoder:
         if type(after) is not dict:
             raise DecodeError("envelope", f"op {op!r} without an 'after' image")
         key = self._key(record, table, after)
+        _check_image(after, self.limits)
         values, types = _normalise(after, _after_schema(schema)) if schema else _inferred(after)
         return ChangeEvent(record, table, key, op, snapshot, False, position, ts_ms, values, types)
 

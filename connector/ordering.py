@@ -35,6 +35,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Literal
 
+from connector.errors import DecodeError
+
 Ordering = Literal["source", "log"]
 Position = tuple[int, ...]
 OrderKey = tuple[Position, int, int, int]
@@ -131,16 +133,32 @@ def source_position(source: dict[str, Any] | None) -> Position | None:
     if connector == "sqlserver" or (not connector and "commit_lsn" in source):
         return _sqlserver(source)
     if source.get("scn") is not None:
-        return (int(source["scn"]),)
+        return (position_int(source["scn"], "scn"),)
     return None
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def position_int(value: Any, what: str) -> int:
+    """A position element: an integer (or its decimal digits as text) in the 64-bit range,
+    else a DecodeError (reason `position`): never rounded (1.5), cast (true) or wrapped (2**70)."""
+    if type(value) is str and value.isascii() and value.isdigit():
+        value = int(value)
+    if type(value) is not int or not INT64_MIN <= value <= INT64_MAX:
+        raise DecodeError("position", f"source.{what} = {value!r} is not an integer in the 64-bit range")
+    return value
 
 
 def _postgres(source: dict[str, Any]) -> Position | None:
     lsn = source.get("lsn")
     if lsn is None and source.get("sequence"):
-        seq = json.loads(source["sequence"])
-        lsn = seq[-1] if seq else None
-    return (int(lsn),) if lsn is not None else None
+        try:
+            seq = json.loads(source["sequence"])
+        except (TypeError, ValueError):
+            raise DecodeError("position", f"source.sequence = {source['sequence']!r} is not a JSON list") from None
+        lsn = seq[-1] if type(seq) is list and seq else None
+    return (position_int(lsn, "lsn"),) if lsn is not None else None
 
 
 def _mysql(source: dict[str, Any]) -> Position | None:
@@ -148,23 +166,25 @@ def _mysql(source: dict[str, Any]) -> Position | None:
     if not file or pos is None:
         return None
     suffix = str(file).rsplit(".", 1)[-1]
-    file_no = int(suffix) if suffix.isdigit() else 0
-    return (file_no, int(pos), int(source.get("row") or 0))
+    file_no = position_int(suffix, "file") if suffix.isdigit() else 0
+    return (file_no, position_int(pos, "pos"), position_int(source.get("row") or 0, "row"))
 
 
-def _lsn_parts(text: str | None) -> list[int] | None:
+def _lsn_parts(text: str | None, what: str) -> list[int] | None:
     if not text:
         return None
     try:
         parts = [int(p, 16) for p in str(text).split(":")]
     except ValueError:
         return None
-    return (parts + [0, 0, 0])[:3] if len(parts) <= 3 else None
+    if len(parts) > 3:
+        return None
+    return [position_int(p, what) for p in (parts + [0, 0, 0])[:3]]
 
 
 def _sqlserver(source: dict[str, Any]) -> Position | None:
-    commit = _lsn_parts(source.get("commit_lsn"))
+    commit = _lsn_parts(source.get("commit_lsn"), "commit_lsn")
     if commit is None or not any(commit):
         return None  # degenerate ("00") or missing: fall back to log order
-    change = _lsn_parts(source.get("change_lsn")) or [0, 0, 0]
-    return (*commit, *change, int(source.get("event_serial_no") or 0))
+    change = _lsn_parts(source.get("change_lsn"), "change_lsn") or [0, 0, 0]
+    return (*commit, *change, position_int(source.get("event_serial_no") or 0, "event_serial_no"))

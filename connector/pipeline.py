@@ -28,6 +28,7 @@ from pyiceberg.table import Table
 
 from connector.batch import RecordBatch, Rows, at_or_after, dead_letter_rows, decode_batch, streams_of
 from connector.debezium import Decoder
+from connector.faults import crash_point
 from connector.records import DeadLetter, SourceRecord
 from connector.sources import Source
 from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
@@ -83,6 +84,7 @@ class Sinks:
         try:
             return self._load(name)
         except NoSuchTableError:
+            crash_point("ingest.create-table")
             table = self.catalog.create_table((self.namespace, name), schema=schema)
             self.tables[name], self.positions[name] = table, {}
             log.info("created table %s.%s", self.namespace, name)
@@ -264,9 +266,14 @@ def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: Ing
         batch_positions[stream] = max(batch_positions.get(stream, 0), p)
 
     refusals: list = []
+    # Every table of the batch exists before any of its rows is committed: a table that cannot
+    # be created fails the batch whole, and its records stay ahead of every resume position.
+    for table in decoded.letters:
+        sinks.get(table + DEAD_LETTERS_SUFFIX, DEAD_LETTER_SCHEMA)
+    for table in events:
+        sinks.get(table + LOG_SUFFIX, LOG_SCHEMA)
     for table, letters in decoded.letters.items():
         name = table + DEAD_LETTERS_SUFFIX
-        sinks.get(name, DEAD_LETTER_SCHEMA)
         held = sinks.positions[name]
         fresh = [d for d in letters if d.record.sequence_number >= held.get(d.record.stream, 0)]
         stats.duplicates += len(letters) - len(fresh)
@@ -274,7 +281,6 @@ def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: Ing
         stats.dead_letters[table] += len(fresh)
     for table, rows in events.items():
         name = table + LOG_SUFFIX
-        sinks.get(name, LOG_SCHEMA)
         fresh = rows.table.filter(at_or_after(rows.table, sinks.positions[name]))
         stats.duplicates += rows.table.num_rows - fresh.num_rows
         caps: dict[str, int] = {}

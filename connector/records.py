@@ -40,6 +40,11 @@ class SourceRecord:
         return f"topic {self.topic!r} partition {self.partition} offset {self.offset}"
 
 
+# A header a source sets on a record it could not read: the value is why, and the record is
+# a dead letter (reason `source`) with the raw bytes it had.
+SOURCE_ERROR_HEADER = "cdclake.source-error"
+
+
 def stream_id(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
 

@@ -16,8 +16,19 @@ if TYPE_CHECKING:
 
 
 def load_catalog(settings: "Settings") -> SqlCatalog:
-    """The pyiceberg catalog, with the namespace created if missing."""
-    settings.root.mkdir(parents=True, exist_ok=True)
+    """The pyiceberg catalog, with the namespace created if missing.
+
+    Raises ConfigError when the work directory cannot be written."""
+    from connector.errors import ConfigError
+
+    try:
+        settings.root.mkdir(parents=True, exist_ok=True)
+        probe = settings.root / ".cdclake-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"work_dir {str(settings.root)!r} cannot be written ({e.strerror or e}): set work_dir "
+                          "(or CDCLAKE_WORK_DIR) to a writable directory") from None
     catalog = SqlCatalog(
         settings.catalog.name, uri=settings.catalog_uri, warehouse=settings.warehouse, **settings.catalog.properties
     )

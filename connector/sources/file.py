@@ -7,8 +7,12 @@ Hubs fields are used when present: `sequence_number`, `enqueued_time` (ISO text 
 
 `poll_batch` reads plain kcat dumps (numeric offsets and ms timestamps, string key and
 payload, no headers) with Arrow's JSON reader, without a Python object per line; from the
-first block that does not fit that shape on, it continues with the per-line reader, which
-also names the line of a malformed record.
+first block that does not fit that shape on, it continues with the per-line reader.
+
+A line that is not a kcat record (not JSON, truncated, an offset or time out of range) is a
+record of the file's own stream `cdclake.file.<file name stem>:0` whose offset is its line
+number, carrying the raw line and the reason in a `cdclake.source-error` header: it becomes
+a dead letter (reason `source`) of table `<stem>`, and the stream goes on.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from connector.errors import SourceError
-from connector.records import SourceRecord
+from connector.records import SOURCE_ERROR_HEADER, SourceRecord
 from connector.sources import Source
 
 if TYPE_CHECKING:
@@ -45,8 +49,23 @@ def _bytes(v: Any) -> bytes | None:
     return orjson.dumps(v)  # kcat -s avro prints decoded objects
 
 
+INT32_MAX, INT64_MAX = (1 << 31) - 1, (1 << 63) - 1
+_MAX_TS_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
+
+
+def _count(v: Any, what: str, top: int) -> int:
+    """A partition / offset / sequence number: an integer from 0 to `top` (or its digits)."""
+    if type(v) is str and v.isascii() and v.isdigit():
+        v = int(v)
+    if type(v) is not int or not 0 <= v <= top:
+        raise ValueError(f"{what} {v!r} is not an integer from 0 to {top}")
+    return v
+
+
 def _time(v: Any) -> datetime:
-    if isinstance(v, (int, float)):
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if not 0 <= v <= _MAX_TS_MS:
+            raise ValueError(f"timestamp {v!r} ms is out of range")
         return datetime.fromtimestamp(v / 1000, tz=timezone.utc)
     t = datetime.fromisoformat(str(v).replace("Z", "+00:00"))
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
@@ -61,17 +80,19 @@ def _headers(v: Any) -> tuple[tuple[str, bytes | None], ...]:
 
 
 def parse_line(doc: Mapping[str, Any], default_topic: str | None = None) -> SourceRecord:
+    if type(doc) is not dict:
+        raise TypeError(f"a JSON {type(doc).__name__}, not an object")
     topic = doc.get("topic") or default_topic
-    if not topic:
+    if not topic or type(topic) is not str:
         raise KeyError("topic")
     offset = doc["offset"] if "offset" in doc else doc["sequence_number"]
     seq = doc.get("sequence_number", offset)
     when = doc.get("enqueued_time", doc.get("ts"))
     return SourceRecord(
-        topic=str(topic),
-        partition=int(doc.get("partition", 0)),
+        topic=topic,
+        partition=_count(doc.get("partition", 0), "partition", INT32_MAX),
         offset=str(offset),
-        sequence_number=int(seq),
+        sequence_number=_count(seq, "offset", INT64_MAX),
         enqueued_time=_time(when) if when is not None else datetime.now(timezone.utc),
         key=_bytes(doc.get("partition_key", doc.get("key"))),
         value=_bytes(doc.get("payload")),
@@ -96,6 +117,11 @@ class FileSource(Source):
         self._rest: pa.Table | None = None
         self._mode, self._parsed = "arrow", 0  # then "lines" or "done"; lines the Arrow reader took
 
+    @property
+    def own_topic(self) -> str:
+        """The topic of the file's own stream, where lines that are not records go."""
+        return f"cdclake.file.{self.path.stem}"
+
     def _records(self, skip: int = 0) -> Iterator[SourceRecord]:
         with self.path.open("rb") as f:
             for n, line in enumerate(f, 1):
@@ -106,11 +132,11 @@ class FileSource(Source):
                     continue
                 try:
                     record = parse_line(orjson.loads(line), self.default_topic)
-                except (orjson.JSONDecodeError, KeyError, ValueError, TypeError) as e:
-                    raise SourceError(
-                        f"{self.path}:{n}: not a kcat -J record ({type(e).__name__}: {e}); "
-                        "each line needs topic (or source.topic), partition, offset, payload"
-                    ) from None
+                except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, OverflowError, OSError) as e:
+                    why = (f"{self.path.name}:{n}: not a kcat -J record ({type(e).__name__}: {e}); each line needs "
+                           "topic (or source.topic), partition, offset, payload")
+                    record = SourceRecord(self.own_topic, 0, str(n), n, datetime.now(timezone.utc), None,
+                                          line.rstrip(b"\r\n"), ((SOURCE_ERROR_HEADER, why.encode()),))
                 if record.sequence_number >= self._positions.get(record.stream, 0):
                     yield record
 
@@ -163,9 +189,12 @@ class FileSource(Source):
             self._mode = "lines"
             return None
         topic = raw.column("topic")
-        if (any(raw.column(f.name).null_count < raw.num_rows for f in _OTHER) or raw.column("partition").null_count
-                or raw.column("offset").null_count or pc.any(pc.equal(topic, "")).as_py()
-                or (topic.null_count and not self.default_topic)):
+        partition, offset, ts = raw.column("partition"), raw.column("offset"), raw.column("ts")
+        if (any(raw.column(f.name).null_count < raw.num_rows for f in _OTHER) or partition.null_count
+                or offset.null_count or pc.any(pc.equal(topic, "")).as_py()
+                or (topic.null_count and not self.default_topic)
+                or pc.min(offset).as_py() < 0 or pc.min(partition).as_py() < 0 or pc.max(partition).as_py() > INT32_MAX
+                or (ts.null_count < raw.num_rows and (pc.min(ts).as_py() < 0 or pc.max(ts).as_py() > _MAX_TS_MS))):
             self._mode = "lines"
             return None
         topic = topic.fill_null(self.default_topic) if topic.null_count else topic

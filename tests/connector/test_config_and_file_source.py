@@ -39,11 +39,46 @@ def test_file_source_reads_kcat_and_event_hubs_fields_and_seeks(tmp_path):
     assert [r.sequence_number for r in src.poll(10)] == [8]
 
 
-def test_file_source_names_the_bad_line(tmp_path):
+BAD_LINES = [
+    b"not json", b'{"topic": "db.s.things", "partition": 0, "off', b"[1,2,3]", b"42", b"null",
+    b'{"topic": "db.s.things", "partition": 0, "offset": -1, "payload": "{}"}',
+    b'{"topic": "db.s.things", "partition": 1099511627776, "offset": 3, "payload": "{}"}',
+    b'{"topic": "db.s.things", "partition": 0, "offset": 3, "ts": 100000000000000000000, "payload": "{}"}',
+    b'{"topic": "db.s.things", "partition": 0, "offset": 99999999999999999999, "payload": "{}"}',
+    b'{"topic": 7, "partition": 0, "offset": 3, "payload": "{}"}', b"\xff\xfe garbage",
+]
+
+
+@pytest.mark.parametrize("batch", [1, 1000])
+def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(settings, tmp_path, batch):
+    """Each bad line is a dead letter of the file's own stream (offset: its line number,
+    value: the line's bytes, reason `source`); every good record before and after it is in
+    the log, and a rerun adds nothing."""
+    from connector.debezium import Decoder
+    from connector.pipeline import ingest
+    from iceberg.catalog import load_catalog
+
+    def good(i):
+        value = json.dumps({"op": "c", "after": {"id": i}, "source": {"connector": "postgresql", "table": "things",
+                                                                      "lsn": i}})
+        return json.dumps({"topic": "db.s.things", "partition": 0, "offset": i, "ts": 1_700_000_000_000,
+                           "key": json.dumps({"id": i}), "payload": value}).encode()
+
+    lines = [good(0), good(1)] + BAD_LINES + [good(2)]
     f = tmp_path / "dump.jsonl"
-    f.write_text('{"topic": "t", "partition": 0, "offset": 0, "payload": null}\nnot json\n')
-    with pytest.raises(SourceError, match=r"dump.jsonl:2"):
-        FileSource(f).poll(10)
+    f.write_bytes(b"\n".join(lines) + b"\n")
+    catalog, ns = load_catalog(settings), settings.catalog.namespace
+    for _ in range(2):
+        ingest(FileSource(f), catalog, ns, Decoder(), batch_size=batch)
+    log = catalog.load_table((ns, "things__log")).scan().to_arrow()
+    assert sorted(log["sequence_number"].to_pylist()) == [0, 1, 2]
+    dead = catalog.load_table((ns, "dump__dead_letters")).scan().to_arrow().to_pylist()
+    assert sorted(((d["topic"], d["offset"], d["reason"], d["value"]) for d in dead), key=lambda d: int(d[1])) == [
+        ("cdclake.file.dump", str(n), "source", line) for n, line in enumerate(lines, 1) if line in BAD_LINES]
+    assert all("dump.jsonl:" in d["detail"] for d in dead)
+
+
+def test_file_source_needs_its_file(tmp_path):
     with pytest.raises(SourceError, match="no such file"):
         FileSource(tmp_path / "missing.jsonl")
 
@@ -73,3 +108,29 @@ def test_initial_position_of_a_partition_without_a_committed_position(starting, 
     looked_up = []
     got = initial_position(when if starting == "time" else starting, 10, 20, lambda t: looked_up.append(t) or 17)
     assert got == expected and looked_up == ([when] if starting == "time" else [])
+
+
+@pytest.mark.parametrize("toml,env,says", [
+    ("a = [\n", {}, "is not valid TOML"),
+    (b"\xff\xfe = 1\n", {}, "is not valid TOML in UTF-8"),
+    ("", {"CDCLAKE_SOURCE": "{bad"}, "invalid CDCLAKE_* environment variable"),
+    ("", {"CDCLAKE_SOURCES__PATH": "x"}, "unknown environment variable CDCLAKE_SOURCES__PATH"),
+    ('[catalog]\nuri = "foo://x"\n', {}, "catalog.uri"),
+    ('[spark]\nmaster = "bogus"\n', {}, "spark.master"),
+    ('[spark]\ndriver_memory = "lots"\n', {}, "spark.driver_memory"),
+    ("", {"CDCLAKE_WORK_DIR": "/proc/cdclake-cannot-be-here"}, "work_dir '/proc/cdclake-cannot-be-here' cannot be "),
+])
+def test_a_configuration_error_is_one_line_naming_it_and_exit_code_2(tmp_path, monkeypatch, toml, env, says):
+    from typer.testing import CliRunner
+
+    from connector.cli import app
+
+    cfg = tmp_path / "c.toml"
+    (cfg.write_bytes if isinstance(toml, bytes) else cfg.write_text)(toml)
+    monkeypatch.chdir(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    result = CliRunner().invoke(app, ["status", "--config", str(cfg)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
