@@ -9,7 +9,6 @@ from typing import Callable
 from pyiceberg.catalog import Catalog
 
 from connector.config import Settings
-from connector.debezium import Decoder
 from connector.pipeline import IngestStats, ingest
 from connector.sources import load_source
 from iceberg.catalog import load_catalog
@@ -28,6 +27,7 @@ def policy_of(settings: Settings) -> CompactionPolicy:
         min_compaction_lag=timedelta(seconds=c.min_compaction_lag_seconds),
         max_compaction_lag=timedelta(seconds=c.max_compaction_lag_seconds) if c.max_compaction_lag_seconds else None,
         tombstone_retention=timedelta(hours=c.tombstone_retention_hours),
+        max_new_columns=settings.limits.max_new_columns,
         maintenance=MaintenancePolicy(snapshot_retention=timedelta(hours=m.snapshot_retention_hours),
                                       rewrite_files=m.rewrite_files, enabled=m.enabled),
     )
@@ -104,13 +104,13 @@ def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | Non
         source_cls, options, mirror = stream
         try:
             return ingest_spark_stream(get_spark(settings), source_cls, options, catalog,
-                                       settings.catalog.namespace, Decoder(settings.key_fields(), src.keys), src.batch_size,
+                                       settings.catalog.namespace, settings.decoder(), src.batch_size,
                                        gate, on_batch, mirror)
         finally:
             if hasattr(mirror, "close"):
                 mirror.close()
     with load_source(settings.source) as source:
-        return ingest(source, catalog, settings.catalog.namespace, Decoder(settings.key_fields(), src.keys),
+        return ingest(source, catalog, settings.catalog.namespace, settings.decoder(),
                       settings.source.batch_size, on_batch, max_records, gate, make_room if backpressure else None)
 
 

@@ -25,10 +25,13 @@ def json_objects(values: pa.Array, max_brackets: int = MAX_BRACKETS) -> pa.Array
     objects = pc.and_(pc.starts_with(values, "{").fill_null(False), utf8_valid(values))
     brackets = pc.add(pc.count_substring(values, "["), pc.count_substring(values, "{"))
     objects = pc.and_(objects, pc.less_equal(brackets, max_brackets).fill_null(False))
-    if not _line_breaks(values):
-        return objects
-    line_break = pc.or_(pc.match_substring(values, "\n"), pc.match_substring(values, "\r"))
-    return pc.and_(objects, pc.invert(line_break.fill_null(False)))
+    # Arrow reads NaN and Infinity as numbers; JSON has none (the per-record route refuses them)
+    data = values.buffers()[2]
+    raw = data.to_pybytes() if data is not None else b""
+    for word in (b"NaN", b"Infinity", b"\n", b"\r"):
+        if word in raw:  # usually not: then the per-value search is skipped
+            objects = pc.and_(objects, pc.invert(pc.match_substring(values, word.decode()).fill_null(False)))
+    return objects
 
 
 def utf8_valid(values: pa.Array) -> pa.Array:
@@ -45,17 +48,6 @@ def utf8_valid(values: pa.Array) -> pa.Array:
             return True
 
         return pa.array([valid(v) for v in values.to_pylist()], pa.bool_())
-
-
-def _line_breaks(values: pa.Array) -> bool:
-    """Whether the array's data buffer holds a line break anywhere. Usually not, and then the
-    per-value search is skipped (on a 200k-record batch: 0.01 - 0.03 s for this, ~0.05 s a
-    search for it)."""
-    data = values.buffers()[2]
-    if data is None:
-        return False
-    raw = data.to_pybytes()
-    return b"\n" in raw or b"\r" in raw
 
 
 def mask_at(n: int, idx: pa.Array) -> pa.Array:

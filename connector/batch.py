@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connector.arrow_json import _NULL_TEXT, after_json, json_objects, key_texts, mapped, mask_at, parse
-from connector.debezium import Decoder, _source_table
+from connector.debezium import RESERVED_COLUMNS, Decoder, _source_table
 from connector.errors import DecodeError
 from connector.ordering import SNAPSHOT_MARKERS
 from connector.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
@@ -200,7 +200,7 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime, chunk: int
     log order (the decoder's topic -> table map is learned in that order too). A topic's
     records take the Arrow route in chunks of at least `chunk`, on `DECODE_THREADS` threads."""
     out = Decoded()
-    candidate = json_objects(batch.table["value"].combine_chunks())
+    candidate = json_objects(batch.table["value"].combine_chunks(), decoder.limits.max_depth)
     headers = batch.table["headers"].combine_chunks()
     if headers.null_count < len(headers):  # a record a source could not read is a dead letter as it is
         unread = pc.match_substring(headers, f'"{SOURCE_ERROR_HEADER}"').fill_null(False)
@@ -308,6 +308,11 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
             or any(f.type not in _SCALARS for f in source.type)
             or not pa.types.is_struct(after.type) or any(f.type not in _SCALARS for f in after.type)):
         return {}
+    names = [f.name for f in after.type]
+    limits = decoder.limits
+    if (len(names) > limits.max_columns or len({n.lower() for n in names}) < len(names)
+            or any(not n.strip() or len(n) > limits.max_name_length or n in RESERVED_COLUMNS for n in names)):
+        return {}  # some record's columns may not be held: the per-record route says which
     connector, lsn = _column(source, "connector", (pa.string(),)), _column(source, "lsn", (pa.int64(),))
     table_text, src_ts = _column(source, "table", (pa.string(),)), _column(source, "ts_ms", (pa.int64(),))
     marker = _column(source, "snapshot", (pa.string(), pa.bool_(), pa.int64()))
@@ -317,7 +322,7 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     is_d = pc.equal(op, "d")
     after_text, types_text, bad = after_json(after)
     keys = key_texts(_take(batch.table["key"], idx).combine_chunks(), decoder.key_format)
-    tables = mapped(table_text, _table_or_none)
+    tables = mapped(table_text, lambda text: _table_or_none(text, limits.max_table_name_length))
     ok = pc.and_kleene(pc.is_in(op, FAST_OPS), pc.is_valid(source))
     for cond in (pc.equal(pc.utf8_lower(connector), "postgresql"), pc.is_valid(lsn), pc.is_valid(tables),
                  pc.is_valid(keys), pc.or_(is_d, pc.is_valid(after)), pc.invert(bad),
@@ -348,9 +353,9 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     return out
 
 
-def _table_or_none(text: str) -> str | None:
+def _table_or_none(text: str, max_length: int) -> str | None:
     try:
-        return _source_table(text)
+        return _source_table(text, max_length)
     except DecodeError:
         return None
 

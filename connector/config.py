@@ -187,6 +187,16 @@ class MaintenanceConfig(_Section):
                                                      "deleted), the log's manifests once it has more than this")
 
 
+class LimitsConfig(_Section):
+    """What one event may hold (`connector.debezium.DecodeLimits`); over a limit: a dead letter."""
+
+    max_depth: int = Field(64, gt=0, le=1000, description="nesting of an event's JSON value")
+    max_columns: int = Field(1_000, gt=0, description="columns of an after-image")
+    max_name_length: int = Field(128, gt=0, description="characters of a column name")
+    max_table_name_length: int = Field(100, gt=0, le=200, description="characters of a table name")
+    max_new_columns: int = Field(1_000, gt=0, description="columns one compaction round may add to a table")
+
+
 class TableConfig(_Section):
     key_fields: list[str] = Field(default_factory=list, description="payload fields forming the key")
     tier: str | None = Field(None, description="Event Hubs tier of this table; default quotas.default_tier")
@@ -247,6 +257,7 @@ class Settings(BaseSettings):
     maintenance: MaintenanceConfig = MaintenanceConfig()
     spark: SparkConfig = SparkConfig()
     quotas: QuotaConfig = QuotaConfig()
+    limits: LimitsConfig = LimitsConfig()
     tables: dict[str, TableConfig] = Field(default_factory=dict)
 
     @classmethod
@@ -270,6 +281,14 @@ class Settings(BaseSettings):
     @property
     def warehouse(self) -> str:
         return self.catalog.warehouse or (self.root / "warehouse").as_uri()
+
+    def decoder(self):
+        """The decoder these settings describe (key fields, key format, limits)."""
+        from connector.debezium import Decoder, DecodeLimits
+
+        lim = self.limits
+        return Decoder(self.key_fields(), self.source.keys, DecodeLimits(
+            lim.max_depth, lim.max_columns, lim.max_name_length, lim.max_table_name_length))
 
     def key_fields(self) -> dict[str, list[str]]:
         return {t: c.key_fields for t, c in self.tables.items() if c.key_fields}

@@ -238,17 +238,15 @@ def _out_of_range(doc: Any) -> int | None:
 
 def parse_value(raw: bytes, limits: DecodeLimits) -> Any:
     """The value's JSON, exactly: orjson reads an integer past 64 bits as a float, so a value
-    with long digit runs is read again by the standard library (exact integers), and one
-    outside the 64-bit range is refused; so is one nested deeper than `limits.max_depth`."""
+    with long digit runs is read again by the standard library (exact integers; what is used
+    of them is range-checked where it is used). One nested deeper than `limits.max_depth` is
+    refused."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise DecodeError("json", f"value is not JSON ({e})") from None
     if _LONG_NUMBER.search(raw):
         doc = json.loads(raw)
-        big = _out_of_range(doc)
-        if big is not None:
-            raise DecodeError("value", f"integer {big} is outside the 64-bit range")
     if raw.count(b"[") + raw.count(b"{") > limits.max_depth and _depth(doc) > limits.max_depth:
         raise DecodeError("limit", f"the value is nested deeper than {limits.max_depth} levels (limits.max_depth)")
     return doc
@@ -434,6 +432,9 @@ class Decoder:
             raise DecodeError("envelope", f"op {op!r} without an 'after' image")
         key = self._key(record, table, after)
         _check_image(after, self.limits)
+        big = _out_of_range(after)
+        if big is not None:
+            raise DecodeError("value", f"integer {big} is outside the 64-bit range")
         values, types = _normalise(after, _after_schema(schema)) if schema else _inferred(after)
         return ChangeEvent(record, table, key, op, snapshot, False, position, ts_ms, values, types)
 

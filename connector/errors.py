@@ -18,10 +18,6 @@ class DecodeError(ConnectorError):
         self.detail = detail
 
 
-class SchemaConflictError(ConnectorError):
-    """A column's type in new events cannot be stored in the existing table column."""
-
-
 class SetupError(ConnectorError):
     """The runtime is incomplete (for example Spark's JVM jars were never fetched)."""
 

@@ -35,11 +35,11 @@ from iceberg.compaction import dedupe, schema
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
 from iceberg.compaction.retain import PURGE_PREDICATE
 from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, cleaner_points, load_optional, stream_stats
-from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
+from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
 from iceberg.log_writer import POSITIONS_PROPERTY, summary_value
 from iceberg.maintenance import Upkeep, maintain, sql_literal
 
-from quotas.metrics import STALE
+from quotas.metrics import DEAD_LETTERS, STALE
 
 log = logging.getLogger(__name__)
 SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
@@ -61,6 +61,7 @@ class CompactionReport:
     stale_reasons: dict[str, int] = field(default_factory=dict)
     truncates: int = 0
     truncated: int = 0  # keys a truncate removed (held in the state, or changed in this round only)
+    refused: int = 0  # winners the state table cannot hold: dead letters (reason `schema`)
     purged: int = 0
     maintenance: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -362,8 +363,13 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
             STALE.labels(names.table, reason).inc(n)
         log.warning("%s: %s stale events ignored (%s), recorded in %s", names.state, report.stale,
                     report.stale_reasons, names.stale)
-    # 4. schema
-    columns = schema.evolve(spark, names, schema.merge_types(sorted(counts["signatures"])))
+    # 4. schema: the table takes every column it can; an event it cannot hold is a dead letter
+    plan = schema.plan_columns(schema.data_columns(spark, names), counts["signatures"], policy.max_new_columns)
+    if plan.refused:
+        changes, report.refused = _refuse(spark, catalog, names, changes, dirty, plan.refused, now)
+        report.upserts -= report.refused
+    schema.evolve(spark, names, plan)
+    columns = plan.columns
     step("schema")
     source = _state_source(changes, columns)
     source.createOrReplaceTempView("cdclake_changes")
@@ -405,6 +411,35 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
             tx.append(state.schema().as_arrow().empty_table(), snapshot_properties=props)
     step("merge state")
     crash_point("compact.after-commit")
+
+
+def _refuse(spark: SparkSession, catalog: Catalog, names: TableNames, changes: DataFrame, dirty: DataFrame,
+            refused: dict[str, str], now: datetime) -> tuple[DataFrame, int]:
+    """Sends the winners whose after-image the state table cannot hold to the dead letters
+    (reason `schema`, the raw record from the log) and returns the changes without them
+    (their keys keep what they held) and how many. Idempotent: a replayed round adds none twice."""
+    why = F.create_map(*[x for sig, reason in sorted(refused.items()) for x in (F.lit(sig), F.lit(reason))])
+    is_refused = (F.col("_action") == "upsert") & F.col("_after_types").isin(list(refused))
+    rows = changes.where(is_refused).select(
+        F.col("_topic").alias("topic"), F.col("_partition_id").alias("partition"),
+        F.col("_sequence_number").alias("sequence_number"), why[F.col("_after_types")].alias("detail"))
+    letters = dirty.select("topic", "partition", "offset", "sequence_number", "enqueued_time",
+                           F.col("key").cast("binary").alias("key"), "value").join(
+        rows, ["topic", "partition", "sequence_number"]).select(
+        "topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value",
+        F.lit("schema").alias("reason"), "detail", F.lit(now).alias("ingested_at")).localCheckpoint(eager=True)
+    n = letters.count()
+    if not catalog.table_exists(names.dead_letters):
+        catalog.create_table(names.dead_letters, schema=DEAD_LETTER_SCHEMA)
+    letters.createOrReplaceTempView("cdclake_refused")
+    target = names.spark(names.dead_letters)
+    spark.sql(f"MERGE INTO {target} t USING cdclake_refused s ON t.topic = s.topic AND t.partition = s.partition "
+              f"AND t.sequence_number = s.sequence_number AND t.reason = s.reason WHEN NOT MATCHED THEN INSERT *")
+    for r in letters.limit(10).collect():
+        log.warning("%s: dead letter at compaction: key %s topic %s partition %s offset %s: %s", names.state,
+                    r["key"], r["topic"], r["partition"], r["offset"], r["detail"])
+    DEAD_LETTERS.labels(names.table, "schema").inc(n)
+    return changes.where(~is_refused), n
 
 
 def _write_sql(target: str, source: str, columns: list[str], keep: str, has_rows: bool) -> str:

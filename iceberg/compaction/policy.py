@@ -25,6 +25,7 @@ class CompactionPolicy:
     max_compaction_lag: timedelta | None = None
     tombstone_retention: timedelta = timedelta(hours=24)
     packed: bool = True  # the packed order key where a round fits (False: always the general route)
+    max_new_columns: int = 1_000  # columns one round may add to the state table (`limits.max_new_columns`)
     maintenance: MaintenancePolicy = MaintenancePolicy()  # after each round (`iceberg.maintenance`)
 
 

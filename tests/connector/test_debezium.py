@@ -213,3 +213,66 @@ def test_every_jsonconverter_type_name_keeps_its_type(connect_type, value, spark
     if connect_type == "double":  # the same event without schemas is typed alike
         plain = Decoder().decode(rec(envelope["payload"], {"id": 1}))
         assert plain.after_types["v"] == e.after_types["v"] == "double"
+
+
+def _pg(after=None, **source):
+    return {"op": "c", "after": after if after is not None else {"id": 1, "v": 2},
+            "source": {"connector": "postgresql", "table": "things", "lsn": 5, **source}}
+
+
+def _typed(connect: dict, value) -> dict:
+    """A schema-enabled event with one typed column `d`."""
+    return {"schema": {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
+        {"field": "id", "type": "int32"}, {"field": "d", **connect}]}]},
+            "payload": {"op": "c", "after": {"id": 1, "d": value},
+                        "source": {"connector": "postgresql", "table": "things", "lsn": 5}}}
+
+
+DECIMAL = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal"}
+
+# (value bytes or JSON-able, reason): each class of hostile input ends as a dead letter
+HOSTILE = [
+    (b'{"op":"c","after":{"id":1,"v":' + b"[" * 10_000 + b"]" * 10_000 + b"}}", "json"),  # past orjson's own limit
+    (b'{"op":"c","after":{"id":1,"v":' + b"[" * 70 + b"]" * 70 + b'},"source":{"lsn":5}}', "limit"),  # max_depth
+    (b'{"op":"c","after":{"id":1,"v":NaN}}', "json"),
+    (_pg(lsn=2**70), "value"), (_pg(lsn=1.5), "position"), (_pg(lsn=True), "position"),
+    ({"op": "c", "after": {"id": 1}, "source": {"connector": "mysql", "table": "t", "file": "b.000001", "pos": 2**70}},
+     "value"),
+    ({"op": "c", "after": {"id": 1}, "source": {"connector": "sqlserver", "table": "t",
+                                                "commit_lsn": "12345678901234567890"}}, "position"),
+    (_pg(ts_ms="yesterday"), "envelope"),
+    (_pg({"id": 1, "v": 2**64 + 5}), "value"), (_pg({"id": 1, "v": 2**63}), "value"),
+    (b"[1,2,3]", "envelope"), (b"42", "envelope"), (b"null", "envelope"),
+    (b'{"op":"c","after":{"id":1,"v":"\xff\xfe"},"source":{"lsn":5}}', "json"),
+    (_typed({"type": "int32", "name": "io.debezium.time.Date"}, 10**10), "value"),
+    (_typed({"type": "int64", "name": "io.debezium.time.MicroTimestamp"}, 2**62), "value"),
+    (_typed({**DECIMAL, "parameters": {"scale": "-1000000000"}}, "AQ=="), "value"),
+    (_typed({**DECIMAL, "parameters": {"scale": "2", "connect.decimal.precision": "3"}}, "AYaf"), "value"),  # 99999
+    (_pg({"id": 1, "": 2}), "schema"), (_pg({"id": 1, "_key": 2}), "schema"),
+    (_pg({"id": 1, "Name": "a", "name": "b"}), "schema"), (_pg({"id": 1, "x" * 200: 1}), "limit"),
+    (_pg({"id": 1, **{f"c{i}": i for i in range(1001)}}), "limit"),
+    (_pg(table="t" * 300), "route"),
+]
+
+
+@pytest.mark.parametrize("value,reason", HOSTILE, ids=[f"{i}-{r}" for i, (_, r) in enumerate(HOSTILE)])
+def test_hostile_values_are_dead_letters_on_both_routes(value, reason):
+    from connector.batch import RecordBatch, decode_batch
+
+    r = rec(value, {"id": 1}, topic="db.s.things")
+    out = Decoder().decode(r)
+    assert isinstance(out, DeadLetter) and out.reason == reason, out
+    batch = decode_batch(Decoder(), RecordBatch.of([r] * 3), T, chunk=1)
+    assert not batch.events and [d.reason for ds in batch.letters.values() for d in ds] == [reason] * 3
+
+
+@pytest.mark.parametrize("connect,value,spark_type,text", [
+    ({**DECIMAL, "parameters": {"scale": "2", "connect.decimal.precision": "5"}}, "AYaf", "decimal(5,2)", "999.99"),
+    # beyond Spark's 38 digits: kept exactly, as text, never a column that blocks the table
+    ({**DECIMAL, "parameters": {"scale": "100"}}, "AQ==", "string", "1E-100"),
+    ({**DECIMAL, "parameters": {"scale": "2", "connect.decimal.precision": "50"}}, "AYaf", "string", "999.99"),
+])
+def test_decimals(connect, value, spark_type, text):
+    e = Decoder().decode(rec(_typed(connect, value), {"id": 1}, topic="db.s.things"))
+    assert isinstance(e, ChangeEvent), e
+    assert (e.after_types["d"], e.after["d"]) == (spark_type, text)

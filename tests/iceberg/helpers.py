@@ -7,7 +7,6 @@ from pathlib import Path
 
 from connector.app import policy_of, run_ingest
 from connector.config import Settings
-from connector.debezium import Decoder
 from connector.sources.file import parse_line
 from iceberg.catalog import load_catalog
 from iceberg.compaction.job import compact
@@ -52,7 +51,7 @@ def offsets_by_key(settings: Settings, name: str) -> dict[str, str]:
 
 
 def decoded(path: Path, settings: Settings):
-    d = Decoder(settings.key_fields(), settings.source.keys)
+    d = settings.decoder()
     return [d.decode(parse_line(json.loads(line))) for line in path.read_text().splitlines() if line.strip()]
 
 

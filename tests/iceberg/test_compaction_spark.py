@@ -261,3 +261,34 @@ def test_a_query_spark_refuses_is_one_line_with_sparks_message(spark, settings, 
     with pytest.raises(QueryError) as e:
         _print_query(settings, sql, 5)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_event_the_table_cannot_hold_is_a_dead_letter_and_the_table_goes_on(spark, settings, tmp_path):
+    """Key 2's `v` is a string where the table's is an integer: key 2's event is a dead letter
+    (reason `schema`, naming the column and both types), every other change is applied, the
+    cleaner point moves past it, and later rounds go on."""
+    f = tmp_path / "in.jsonl"
+
+    def pg(key, lsn, v):
+        return json.dumps({"op": "c", "after": {"id": key, "v": v}, "source": {
+            "connector": "postgresql", "table": "things", "lsn": lsn}})
+
+    first = [pg(1, 10, 5), pg(2, 11, "five"), pg(3, 12, 7)]
+    s = with_source(settings, write_lines(f, kcat_lines("db.s.things", first, [{"id": k} for k in (1, 2, 3)])))
+    run_ingest(s)
+    report = compact_table(spark, s, "things")
+    assert report.refused == 1 and report.upserts == 2
+    t = names(s, "things")
+    catalog = load_catalog(s)
+    assert offsets_by_key(s, t.state) == {'{"id":1}': "0", '{"id":3}': "2"}
+    dead = catalog.load_table(t.dead_letters).scan().to_arrow().to_pylist()
+    assert [(d["offset"], d["reason"], d["key"], d["value"]) for d in dead] == [
+        ("1", "schema", b'{"id":2}', first[1].encode())]
+    assert "'v'" in dead[0]["detail"] and "bigint" in dead[0]["detail"] and "string" in dead[0]["detail"]
+    assert cleaner_points(catalog.load_table(t.state)) == {"db.s.things:0": 3}
+    # the next round: key 2 again, as an integer, and a replayed round adds no second dead letter
+    write_lines(f, kcat_lines("db.s.things", first + [pg(2, 13, 6)], [{"id": k} for k in (1, 2, 3, 2)]))
+    run_ingest(s)
+    assert compact_table(spark, s, "things").upserts == 1
+    assert offsets_by_key(s, t.state) == {'{"id":1}': "0", '{"id":2}': "3", '{"id":3}': "2"}
+    assert len(catalog.load_table(t.dead_letters).scan().to_arrow()) == 1
