@@ -100,13 +100,13 @@ def _do_compact(settings: Settings, tables: Optional[list[str]], force: bool, no
     with console.status("starting Spark") as st:
         reports = run_compaction(settings, tables, force, now,
                                  on_table=lambda t: st.update(f"compacting {t}"))
-    table = Table("table", "streams", "events", "keys", "upserts", "deletes", "stale", "truncates", "purged",
-                  "maintenance", "seconds", title="compaction")
+    table = Table("table", "streams", "events", "keys", "upserts", "deletes", "stale", "truncates", "dead letters",
+                  "purged", "maintenance", "seconds", title="compaction")
     for r in reports:
         stale = "\n".join(f"{n:,} {reason}" for reason, n in sorted(r.stale_reasons.items())) or "0"
         truncates = f"{r.truncates} ({r.truncated:,} keys)" if r.truncates else "0"
         table.add_row(r.table, str(len(r.ranges)), f"{r.events:,}", f"{r.keys:,}", f"{r.upserts:,}",
-                      f"{r.deletes:,}", stale, truncates, f"{r.purged:,}",
+                      f"{r.deletes:,}", stale, truncates, f"{r.refused:,}", f"{r.purged:,}",
                       "\n".join(r.maintenance) or "-", f"{r.seconds:.1f}")
     console.print(table)
     return reports
