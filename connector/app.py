@@ -89,7 +89,10 @@ def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | Non
     stream = None
     if src.type == "eventhubs" and src.eventhubs_mode == "spark":
         from connector.sources import checkpoint_mirror
-        from connector.sources.eventhubs import EventHubsDataSource
+        from connector.sources.eventhubs import EventHubsDataSource, load_reader
+
+        # reached from the driver first: an unreachable namespace is one clear line, not a Spark stack
+        load_reader(src.reader, src.eventhubs_options()).partition_ids()
 
         stream = (EventHubsDataSource, src.eventhubs_options(), checkpoint_mirror(src))
     elif src.type in ("kafka", "eventhubs-kafka") and src.kafka_mode == "spark":

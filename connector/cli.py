@@ -1,13 +1,17 @@
 """`cdclake`: Debezium change events into compacted Iceberg tables.
 
-Data flow: a source (a kcat -J replay file today) -> `ingest` appends every accepted
-event to `<ns>.<table>__log` (bad input to `<ns>.<table>__dead_letters`) -> `compact`
-runs the Spark cleaner that keeps the newest change per key in `<ns>.<table>` and
-deletes in `<ns>.<table>__tombstones` for `tombstone_retention_hours`.
+Data flow: a source (Kafka, Event Hubs over AMQP or its Kafka endpoint, or a kcat -J dump)
+-> `ingest` appends every accepted event to `<ns>.<table>__log` (bad input to
+`<ns>.<table>__dead_letters`) -> `compact` runs the Spark cleaner that keeps the newest
+change per key in `<ns>.<table>` and deletes in `<ns>.<table>__tombstones` for
+`tombstone_retention_hours`.
+
+Try it: `cdclake demo`. Then, with your own configuration: `cdclake run -c lake.toml`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -23,6 +27,7 @@ from rich.text import Text
 
 from connector.config import Settings, load_settings
 from connector.errors import ConfigError, ConnectorError, SetupError
+from quotas.tiers import human_bytes
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, rich_markup_mode="markdown", add_completion=False)
 console = Console()
@@ -86,11 +91,11 @@ def _do_ingest(settings: Settings, max_records: Optional[int] = None):
                 last_line = now
 
         stats = run_ingest(settings, on_batch, max_records)
-    table = Table("table", "accepted", "dead letters", title=f"ingested {stats.records:,} records "
+    table = _table("table", "accepted", "dead letters", title=f"ingested {stats.records:,} records "
                   f"({stats.duplicates:,} already held, skipped)")
     for name in sorted(set(stats.accepted) | set(stats.dead_letters)):
         table.add_row(name, f"{stats.accepted.get(name, 0):,}", f"{stats.dead_letters.get(name, 0):,}")
-    console.print(table)
+    _show(table)
     return stats
 
 
@@ -100,22 +105,24 @@ def _do_compact(settings: Settings, tables: Optional[list[str]], force: bool, no
     with console.status("starting Spark") as st:
         reports = run_compaction(settings, tables, force, now,
                                  on_table=lambda t: st.update(f"compacting {t}"))
-    table = Table("table", "streams", "events", "keys", "upserts", "deletes", "stale", "truncates", "dead letters",
-                  "purged", "maintenance", "seconds", title="compaction")
+    table = _table("table", "streams", "events", "keys", "upserts", "deletes", "stale", "truncates", "dead letters",
+                   "purged", "maintenance", "seconds", title="compaction")
     for r in reports:
         stale = "\n".join(f"{n:,} {reason}" for reason, n in sorted(r.stale_reasons.items())) or "0"
         truncates = f"{r.truncates} ({r.truncated:,} keys)" if r.truncates else "0"
         table.add_row(r.table, str(len(r.ranges)), f"{r.events:,}", f"{r.keys:,}", f"{r.upserts:,}",
                       f"{r.deletes:,}", stale, truncates, f"{r.refused:,}", f"{r.purged:,}",
                       "\n".join(r.maintenance) or "-", f"{r.seconds:.1f}")
-    console.print(table)
+    _show(table)
     return reports
 
 
 @app.command()
 def ingest(config: Optional[Path] = ConfigOpt,
            max_records: Optional[int] = typer.Option(None, help="stop after this many records")) -> None:
-    """Read the source from the committed positions and append to the log tables (exactly once)."""
+    """Read the source from the committed positions and append to the log tables (exactly once).
+
+    Example: `cdclake ingest -c lake.toml --max-records 100000`"""
     settings = _settings(config)
     _guard(lambda: _do_ingest(settings, max_records))
 
@@ -126,7 +133,9 @@ def compact(config: Optional[Path] = ConfigOpt,
             force: bool = typer.Option(False, help="clean every cleanable range, ignoring min_cleanable_dirty_ratio"),
             ) -> None:
     """Run the Spark cleaner on the tables whose dirty ratio (or max_compaction_lag) makes them due,
-    then rewrite small files (the log's manifests) and expire old snapshots where due ([maintenance])."""
+    then rewrite small files (the log's manifests) and expire old snapshots where due (`[maintenance]`).
+
+    Example: `cdclake compact -c lake.toml --table orders --force`"""
     settings = _settings(config)
     _guard(lambda: _do_compact(settings, table, force))
 
@@ -136,7 +145,9 @@ def run(config: Optional[Path] = ConfigOpt,
         every: Optional[float] = typer.Option(None, help="repeat ingest + compact every N seconds until Ctrl-C"),
         force: bool = typer.Option(False, help="compact regardless of the dirty ratio"),
         metrics_port: Optional[int] = typer.Option(None, help="serve Prometheus metrics on 127.0.0.1:PORT")) -> None:
-    """Ingest then compact, once (default) or repeatedly with --every."""
+    """Ingest then compact, once (default) or repeatedly with --every.
+
+    Example: `cdclake run -c lake.toml --every 60 --metrics-port 9108`"""
     settings = _settings(config)
     if metrics_port:
         from prometheus_client import start_http_server
@@ -150,56 +161,110 @@ def run(config: Optional[Path] = ConfigOpt,
         time.sleep(every)
 
 
-def _print_status(settings: Settings) -> None:
+class _Table(Table):
+    """A table that never cuts a word: a column is at least as wide as its longest word and
+    cells wrap between words; where that does not fit the console (a narrow terminal, a log),
+    `_show` prints each row as `column: value` lines instead."""
+
+    def add_row(self, *cells, **kwargs) -> None:  # type: ignore[override]
+        super().add_row(*cells, **kwargs)
+        self.cells = getattr(self, "cells", []) + [[str(c) for c in cells]]
+        for column, cell in zip(self.columns, cells):
+            words = [len(w) for w in str(cell).split()] + [len(w) for w in str(column.header).split()]
+            column.min_width = max([column.min_width or 0, *words])
+
+
+def _show(table: Table) -> None:
+    if sum(c.min_width or 1 for c in table.columns) + 3 * len(table.columns) + 1 <= console.width:
+        console.print(table)
+        return
+    console.print(Text(str(table.title or "")), style="bold")
+    for row in getattr(table, "cells", []):
+        for column, cell in zip(table.columns, row):
+            console.print(Text(f"  {column.header}: {cell}"), soft_wrap=True)
+        console.print()
+
+
+def _table(*columns: str, title: str) -> Table:
+    table = _Table(title=title)
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    return table
+
+
+def _print_json(rows: list[dict]) -> None:
+    console.print_json(json.dumps(rows, default=str))
+
+
+def _print_status(settings: Settings, as_json: bool = False) -> None:
+    from dataclasses import asdict
+
     from connector.app import status as get_status
 
     rows = get_status(settings)
-    table = Table("table", "stream", "cleaner point", "dirty events", "dirty bytes", "clean bytes", "dirty ratio",
-                  "live rows", "tombstones", "usage / quota", title="status")
+    if as_json:
+        return _print_json([asdict(s) | {"usage_bytes": s.usage_bytes} for s in rows])
+    table = _table("table", "stream", "cleaner point", "dirty events", "dirty bytes", "clean bytes", "dirty ratio",
+                   "live rows", "tombstones", "usage / quota", title="status")
     for s in rows:
-        table.add_row(s.table, s.stream, f"{s.cleaner_point:,}", f"{s.dirty_events:,}", f"{s.dirty_bytes:,}",
-                      f"{s.clean_bytes:,}", f"{s.dirty_ratio:.2f}", f"{s.live_rows:,}", f"{s.tombstones:,}",
+        table.add_row(s.table, s.stream, f"{s.cleaner_point:,}", f"{s.dirty_events:,}", human_bytes(s.dirty_bytes),
+                      human_bytes(s.clean_bytes), f"{s.dirty_ratio:.2f}", f"{s.live_rows:,}", f"{s.tombstones:,}",
                       _usage(s.usage_bytes, s.quota_bytes, s.tier))
-    console.print(table)
+    _show(table)
 
 
 def _usage(used: int, limit: int | None, tier: str) -> str:
     if limit is None:
-        return f"{used:,} B ({tier}: no compacted quota)"
-    return f"{100 * used / limit:.4g}% of {limit:,} B ({tier})"
+        return f"{human_bytes(used)} ({tier}: no compacted quota)"
+    return f"{100 * used / limit:.4g}% of {human_bytes(limit)} ({tier})"
 
 
-def _print_quotas(settings: Settings) -> None:
+def _print_quotas(settings: Settings, as_json: bool = False) -> None:
+    from dataclasses import asdict
+
     from connector.app import status as get_status
     from quotas.ledger import tiers
 
-    table = Table("tier", "compaction", "compacted size / partition", "max event", "max partitions",
-                  "max retention (days)", "consumer groups", title="tiers")
+    usage = get_status(settings)
+    if as_json:
+        return _print_json([{"tiers": [asdict(q) for q in tiers(settings).values()],
+                             "usage": [{"table": s.table, "stream": s.stream, "tier": s.tier,
+                                        "usage_bytes": s.usage_bytes, "quota_bytes": s.quota_bytes} for s in usage]}])
+    table = _table("tier", "compaction", "compacted size / partition", "max event", "max partitions",
+                   "max retention (days)", "consumer groups", title="tiers")
     for q in tiers(settings).values():
         table.add_row(q.name, "yes" if q.compaction_supported else "no",
-                      f"{q.compacted_bytes_per_partition:,} B" if q.compacted_bytes_per_partition else "-",
-                      f"{q.max_event_bytes:,} B", str(q.max_partitions), str(q.max_retention_days),
+                      human_bytes(q.compacted_bytes_per_partition) if q.compacted_bytes_per_partition else "-",
+                      human_bytes(q.max_event_bytes), str(q.max_partitions), str(q.max_retention_days),
                       str(q.consumer_groups))
-    console.print(table)
-    usage = Table("table", "stream", "tier", "usage", "quota", title="usage per partition (state + tombstones + "
-                  "dirty log, key + payload bytes)")
-    for s in get_status(settings):
-        usage.add_row(s.table, s.stream, s.tier, f"{s.usage_bytes:,} B", _usage(s.usage_bytes, s.quota_bytes, s.tier))
-    console.print(usage)
+    _show(table)
+    table = _table("table", "stream", "tier", "usage", "quota", title="usage per partition (state + tombstones + "
+                   "dirty log, key + payload bytes)")
+    for s in usage:
+        table.add_row(s.table, s.stream, s.tier, human_bytes(s.usage_bytes), _usage(s.usage_bytes, s.quota_bytes,
+                                                                                    s.tier))
+    _show(table)
+
+
+JsonOpt = typer.Option(False, "--json", help="print JSON for scripts instead of a table")
 
 
 @app.command()
-def status(config: Optional[Path] = ConfigOpt) -> None:
-    """Per table and stream: cleaner point, dirty ratio, live rows, tombstones, bytes (no Spark needed)."""
+def status(config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
+    """Per table and stream: cleaner point, dirty ratio, live rows, tombstones, bytes (no Spark needed).
+
+    Example: `cdclake status -c lake.toml --json`"""
     settings = _settings(config)
-    _guard(lambda: _print_status(settings))
+    _guard(lambda: _print_status(settings, as_json))
 
 
 @app.command()
-def quotas(config: Optional[Path] = ConfigOpt) -> None:
-    """The Event Hubs tiers (and custom ones) and each table's usage per partition against its tier."""
+def quotas(config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
+    """The Event Hubs tiers (and custom ones) and each table's usage per partition against its tier.
+
+    Example: `cdclake quotas -c lake.toml`"""
     settings = _settings(config)
-    _guard(lambda: _print_quotas(settings))
+    _guard(lambda: _print_quotas(settings, as_json))
 
 
 def _print_query(settings: Settings, sql: str, limit: int) -> None:
@@ -212,23 +277,27 @@ def _print_query(settings: Settings, sql: str, limit: int) -> None:
         rows = df.limit(limit).collect()
     except PySparkException as e:  # Spark's own message, first line: no JVM stack trace
         raise QueryError(f"query failed: {str(e).strip().splitlines()[0]}") from None
-    table = Table(*df.columns, title=sql)
+    table = _table(*df.columns, title=sql)
     for r in rows:
         table.add_row(*["" if v is None else str(v) for v in r])
-    console.print(table)
+    _show(table)
 
 
 @app.command()
 def query(sql: str = typer.Argument(..., help="Spark SQL, e.g. \"SELECT * FROM cdc.customers\""),
           config: Optional[Path] = ConfigOpt, limit: int = typer.Option(50, help="rows to print")) -> None:
-    """Run Spark SQL over the tables (catalog is the default catalog; name tables as <ns>.<table>)."""
+    """Run Spark SQL over the tables (the catalog is the default one: name tables `<ns>.<table>`).
+
+    Example: `cdclake query "SELECT reason, count(*) FROM cdc.orders__stale GROUP BY reason"`"""
     settings = _settings(config)
     _guard(lambda: _print_query(settings, sql, limit))
 
 
 @app.command()
 def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh directory for the demo's catalog")) -> None:
-    """The main job on the embedded default: a Debezium stream of three tables through ingest and compaction."""
+    """The main job on the embedded default: a Debezium stream of three tables through ingest and compaction.
+
+    Example: `cdclake demo --work-dir /tmp/cdclake-demo`"""
     from connector.demo import LATE_EVENTS, write_demo_file
 
     started = time.monotonic()

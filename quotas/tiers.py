@@ -12,6 +12,16 @@ from dataclasses import dataclass, replace
 KB, MB, GB = 1024, 1024**2, 1024**3
 
 
+def human_bytes(n: int) -> str:
+    """A byte count as a person reads it: `1 GB`, `250 GB`, `256 KB`, `1.5 MB` (1 KB = 1024 B,
+    as the Event Hubs quotas state their limits)."""
+    for unit, size in (("TB", 1024**4), ("GB", GB), ("MB", MB), ("KB", KB)):
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.3g} {unit}"
+    return f"{n} B"
+
+
 @dataclass(frozen=True)
 class TierQuota:
     name: str

@@ -74,18 +74,30 @@ def record_from_event(event_hub: str, partition_id: str, event: Any) -> SourceRe
 class SdkPartitionReader:
     """`EventHubConsumerClient` as a PartitionReader (receive_batch on a helper thread)."""
 
-    def __init__(self, connection_string: str, event_hub: str, consumer_group: str = "$Default"):
+    def __init__(self, connection_string: str, event_hub: str, consumer_group: str = "$Default", **client: Any):
         from azure.eventhub import EventHubConsumerClient
 
         self._client = lambda: EventHubConsumerClient.from_connection_string(
-            connection_string, consumer_group=consumer_group, eventhub_name=event_hub)
+            connection_string, consumer_group=consumer_group, eventhub_name=event_hub, **client)
         self._meta = self._client()
+        self._where = f"event hub {event_hub!r} at {_endpoint(connection_string)}"
+
+    def _ask(self, what: str, call: Any) -> Any:
+        """A metadata call; the SDK's connection errors become one clear line."""
+        from azure.eventhub.exceptions import EventHubError
+
+        try:
+            return call()
+        except EventHubError as e:
+            detail = " ".join(str(e).split())[:300]
+            raise SourceError(f"{self._where}: {what} failed: {type(e).__name__}: {detail}; check "
+                              "source.connection_string and that the namespace is reachable") from None
 
     def partition_ids(self) -> list[str]:
-        return list(self._meta.get_partition_ids())
+        return list(self._ask("listing partitions", self._meta.get_partition_ids))
 
     def end_sequence_number(self, partition_id: str) -> int:
-        props = self._meta.get_partition_properties(partition_id)
+        props = self._ask(f"reading partition {partition_id}", lambda: self._meta.get_partition_properties(partition_id))
         return -1 if props["is_empty"] else int(props["last_enqueued_sequence_number"]) + 1
 
     def sequence_number_at(self, partition_id: str, when: datetime) -> int:
@@ -110,6 +122,11 @@ class SdkPartitionReader:
         client.close()
         worker.join(10)
         return got
+
+
+def _endpoint(connection_string: str) -> str:
+    """The namespace host of a connection string (never its key)."""
+    return connection_string.split("Endpoint=sb://", 1)[-1].split(";", 1)[0].rstrip("/") or "?"
 
 
 def load_reader(spec: str, options: Mapping[str, str]) -> PartitionReader:

@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from connector.ordering import Ordering, Truncate
+from iceberg.compaction import retain
 
 POSITION_TYPE = "array<bigint>"
 
@@ -101,15 +102,11 @@ def resolve(winners: DataFrame, truncate: Truncate | None, ordering: Ordering) -
     A held winner changes nothing, unless `truncate` is newer than it and it is live. A
     winning delete keeps its own metadata whatever truncate follows it.
     """
-    is_delete = F.col("_op") == "d"
     if truncate is None:
-        return winners.where(~F.col("_held")).withColumn(
-            "_action", F.when(is_delete, F.lit("delete")).otherwise(F.lit("upsert"))
-        )
-    removed = ~is_delete & older_than_truncate(truncate, ordering)
+        return winners.where(~F.col("_held")).withColumn("_action", retain.action(F.col("_op")))
+    removed = (F.col("_op") != retain.DELETE_OP) & older_than_truncate(truncate, ordering)
     return winners.where(~F.col("_held") | removed).withColumn(
-        "_action", F.when(removed, F.lit("truncate")).when(is_delete, F.lit("delete")).otherwise(F.lit("upsert"))
-    )
+        "_action", F.when(removed, F.lit("truncate")).otherwise(retain.action(F.col("_op"))))
 
 
 # --- The packed route: the ordering rule as one 64-bit integer per candidate -------------

@@ -33,7 +33,7 @@ from connector.faults import crash_point
 from connector.ordering import Truncate, newest_truncate
 from iceberg.compaction import dedupe, schema
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
-from iceberg.compaction.retain import PURGE_PREDICATE
+from iceberg.compaction.retain import purge_predicate
 from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, cleaner_points, load_optional, stream_stats
 from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
 from iceberg.log_writer import POSITIONS_PROPERTY, summary_value
@@ -267,7 +267,7 @@ def compact(
     if report.ranges:
         _clean(spark, catalog, names, policy, now, report, [stats[r.stream] for r in report.ranges], step)
     # 7. purge expired tombstones (idempotent, its own commit)
-    purge = PURGE_PREDICATE.format(now=now.strftime("%Y-%m-%d %H:%M:%S.%f"))
+    purge = purge_predicate(now)
     report.purged = spark.table(tomb_t).where(purge).count() if _may_expire(catalog, names.tombstones, now) else 0
     if report.purged:
         spark.sql(f"DELETE FROM {tomb_t} WHERE {purge}")

@@ -1,14 +1,21 @@
-"""The retain rule: what happens to the newest change of a key. One predicate, one place.
+"""The retain rule: what happens to the newest change of a key. One definition, one place.
 
 - a live change (c, u, r) keeps its row in the state table;
-- a delete (op=d, a tombstone, or a key older than a truncate) keeps a tombstone until
-  `expires_at` (compaction time + tombstone_retention), then the tombstone is purged.
+- a delete (op=d, or a tombstone) keeps a tombstone until `expires_at` (compaction time +
+  tombstone_retention), then the tombstone is purged;
+- a live change older than a truncate leaves the state and keeps nothing (`dedupe.resolve`).
+
+`fate` states the rule in Python; `action` and `purge_predicate` are the same rule as the
+Spark column and the SQL the job runs (the table-driven test runs its table through all three).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 
 
 class Fate(Enum):
@@ -17,13 +24,22 @@ class Fate(Enum):
     DROP = "drop"
 
 
+DELETE_OP = "d"
+
+
 def fate(op: str, expires_at: datetime | None, now: datetime) -> Fate:
-    if op != "d":
+    if op != DELETE_OP:
         return Fate.KEEP_ROW
     if expires_at is None or now < expires_at:
         return Fate.KEEP_TOMBSTONE
     return Fate.DROP
 
 
-# The same rule over the tombstone table, as the SQL the purge runs.
-PURGE_PREDICATE = "expires_at <= TIMESTAMP '{now}'"
+def action(op: Column) -> Column:
+    """The job's change for a winner of `op`: 'delete' writes a tombstone, 'upsert' a row."""
+    return F.when(op == DELETE_OP, F.lit("delete")).otherwise(F.lit("upsert"))
+
+
+def purge_predicate(now: datetime) -> str:
+    """The tombstones that `fate` drops at `now` (`now` in UTC), as the SQL the purge runs."""
+    return f"expires_at <= TIMESTAMP '{now.strftime('%Y-%m-%d %H:%M:%S.%f')}'"

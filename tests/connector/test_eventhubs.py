@@ -132,3 +132,23 @@ def test_starting_positions_for_partitions_without_a_committed_position(settings
     run_ingest(s)
     rows = log_rows(s) if load_catalog(s).table_exists(names(s, "orders").log) else []
     assert [(p, seq) for p, seq, *_ in rows] == expected
+
+
+def test_an_unreachable_namespace_is_one_line_naming_it(settings):
+    """The SDK's own client against a closed port on 127.0.0.1 (nothing listens there): its
+    ConnectError becomes a SourceError of one line that names the hub and host, never the key."""
+    import socket
+
+    from connector.errors import SourceError
+    from connector.sources.eventhubs import SdkPartitionReader
+
+    with socket.socket() as s:  # a free port, closed again: connections to it are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cs = f"Endpoint=sb://127.0.0.1:{port}/;SharedAccessKeyName=listen;SharedAccessKey=s3cr3t="
+    reader = SdkPartitionReader(cs, "orders", retry_total=0)
+    with pytest.raises(SourceError) as e:
+        reader.partition_ids()
+    msg = str(e.value)
+    assert "\n" not in msg and f"event hub 'orders' at 127.0.0.1:{port}" in msg and "ConnectError" in msg
+    assert "s3cr3t" not in msg

@@ -82,3 +82,38 @@ def test_gate_bounds_partitions_and_pauses():
     assert gate.caps("t") == {"x:0": 3}
     with pytest.raises(QuotaConfigError, match="3 partitions"):
         gate.admit("t", {"x:2": (1, 0)})
+
+
+@pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (256 * 1024, "256 KB"), (1024**2, "1 MB"),
+                                    (1024**3, "1 GB"), (250 * 1024**3, "250 GB"), (1536 * 1024, "1.5 MB")])
+def test_human_bytes(n, text):
+    from quotas.tiers import human_bytes
+
+    assert human_bytes(n) == text
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_quotas_never_cut_a_tier_name_or_a_limit(tmp_path, monkeypatch, width):
+    from typer.testing import CliRunner
+
+    from connector.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", str(width))
+    out = CliRunner().invoke(app, ["quotas"]).output
+    for word in ("dedicated", "250 GB", "256 KB", "1 GB", "1 MB"):
+        assert word in out, out
+    assert "…" not in out
+
+
+def test_quotas_and_status_as_json(tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from connector.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    got = json.loads(CliRunner().invoke(app, ["quotas", "--json"]).output)
+    assert {t["name"]: t["compacted_bytes_per_partition"] for t in got[0]["tiers"]}["premium"] == 250 * 1024**3
+    assert json.loads(CliRunner().invoke(app, ["status", "--json"]).output) == []
