@@ -200,7 +200,9 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime, chunk: int
     log order (the decoder's topic -> table map is learned in that order too). A topic's
     records take the Arrow route in chunks of at least `chunk`, on `DECODE_THREADS` threads."""
     out = Decoded()
-    candidate = json_objects(batch.table["value"].combine_chunks(), decoder.limits.max_depth)
+    values = batch.table["value"].combine_chunks()
+    candidate = pc.and_(json_objects(values, decoder.limits.max_depth),
+                        pc.less_equal(pc.binary_length(values), decoder.limits.max_value_bytes).fill_null(False))
     headers = batch.table["headers"].combine_chunks()
     if headers.null_count < len(headers):  # a record a source could not read is a dead letter as it is
         unread = pc.match_substring(headers, f'"{SOURCE_ERROR_HEADER}"').fill_null(False)

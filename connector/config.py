@@ -194,6 +194,8 @@ class LimitsConfig(_Section):
     max_columns: int = Field(1_000, gt=0, description="columns of an after-image")
     max_name_length: int = Field(128, gt=0, description="characters of a column name")
     max_table_name_length: int = Field(100, gt=0, le=200, description="characters of a table name")
+    max_value_bytes: int = Field(16 << 20, gt=0, description="bytes of a record's value (a dump's line), before "
+                                                             "it is parsed")
     max_new_columns: int = Field(1_000, gt=0, description="columns one compaction round may add to a table")
 
 
@@ -288,7 +290,7 @@ class Settings(BaseSettings):
 
         lim = self.limits
         return Decoder(self.key_fields(), self.source.keys, DecodeLimits(
-            lim.max_depth, lim.max_columns, lim.max_name_length, lim.max_table_name_length))
+            lim.max_depth, lim.max_columns, lim.max_name_length, lim.max_table_name_length, lim.max_value_bytes))
 
     def key_fields(self) -> dict[str, list[str]]:
         return {t: c.key_fields for t, c in self.tables.items() if c.key_fields}

@@ -43,6 +43,7 @@ class DecodeLimits:
     max_columns: int = 1_000  # after-image columns
     max_name_length: int = 128  # a column's name
     max_table_name_length: int = 100  # a table's name (its files' directory names carry it)
+    max_value_bytes: int = 16 << 20  # a record's value, before it is parsed
 
 
 _LONG_NUMBER = re.compile(rb"\d{19,}")  # an integer that may be outside the 64-bit range
@@ -397,6 +398,9 @@ class Decoder:
     def _decode(self, record: SourceRecord) -> ChangeEvent:
         if record.value is None:
             return self._tombstone(record)
+        if len(record.value) > self.limits.max_value_bytes:
+            raise DecodeError("limit", f"the value has {len(record.value):,} bytes, over the limit of "
+                                       f"{self.limits.max_value_bytes:,} (limits.max_value_bytes)")
         doc = parse_value(record.value, self.limits)
         schema = None
         if type(doc) is dict and len(doc) == 2 and "schema" in doc and "payload" in doc:

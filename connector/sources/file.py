@@ -103,8 +103,9 @@ def parse_line(doc: Mapping[str, Any], default_topic: str | None = None) -> Sour
 class FileSource(Source):
     """Reads the whole file once; records below the seek positions are skipped."""
 
-    def __init__(self, path: str | Path, default_topic: str | None = None):
+    def __init__(self, path: str | Path, default_topic: str | None = None, max_line_bytes: int = 64 << 20):
         self.path = Path(path)
+        self.max_line_bytes = max_line_bytes
         if not self.path.is_file():
             raise SourceError(f"source.path: no such file {str(self.path)!r}; give a kcat -J dump (JSON lines)")
         self.default_topic = default_topic
@@ -131,6 +132,9 @@ class FileSource(Source):
                     skip -= 1
                     continue
                 try:
+                    if len(line) > self.max_line_bytes:
+                        raise ValueError(f"the line has {len(line):,} bytes, over the file source's limit of "
+                                         f"{self.max_line_bytes:,}")
                     record = parse_line(orjson.loads(line), self.default_topic)
                 except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, OverflowError, OSError) as e:
                     why = (f"{self.path.name}:{n}: not a kcat -J record ({type(e).__name__}: {e}); each line needs "

@@ -134,3 +134,10 @@ def test_a_configuration_error_is_one_line_naming_it_and_exit_code_2(tmp_path, m
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
+
+
+def test_a_line_over_the_sources_limit_is_not_parsed(tmp_path):
+    f = tmp_path / "dump.jsonl"
+    f.write_text('{"topic": "t", "partition": 0, "offset": 0, "payload": "' + "x" * 500 + '"}\n')
+    (r,) = FileSource(f, max_line_bytes=100).poll(10)
+    assert r.topic == "cdclake.file.dump" and r.offset == "1" and b"over the file source's limit" in r.headers[0][1]

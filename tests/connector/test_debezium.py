@@ -252,6 +252,7 @@ HOSTILE = [
     (_pg({"id": 1, "Name": "a", "name": "b"}), "schema"), (_pg({"id": 1, "x" * 200: 1}), "limit"),
     (_pg({"id": 1, **{f"c{i}": i for i in range(1001)}}), "limit"),
     (_pg(table="t" * 300), "route"),
+    (b'{"op":"c","after":{"id":1,"v":"' + b"x" * (16 << 20) + b'"}}', "limit"),  # limits.max_value_bytes
 ]
 
 
