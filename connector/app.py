@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Callable
+from datetime import UTC, datetime, timedelta
 
 from pyiceberg.catalog import Catalog
 
@@ -28,8 +28,11 @@ def policy_of(settings: Settings) -> CompactionPolicy:
         max_compaction_lag=timedelta(seconds=c.max_compaction_lag_seconds) if c.max_compaction_lag_seconds else None,
         tombstone_retention=timedelta(hours=c.tombstone_retention_hours),
         max_new_columns=settings.limits.max_new_columns,
-        maintenance=MaintenancePolicy(snapshot_retention=timedelta(hours=m.snapshot_retention_hours),
-                                      rewrite_files=m.rewrite_files, enabled=m.enabled),
+        maintenance=MaintenancePolicy(
+            snapshot_retention=timedelta(hours=m.snapshot_retention_hours),
+            rewrite_files=m.rewrite_files,
+            enabled=m.enabled,
+        ),
     )
 
 
@@ -47,10 +50,15 @@ def table_names(settings: Settings, catalog: Catalog, only: list[str] | None = N
 
 def load_usage(settings: Settings, catalog: Catalog, tables: list[str] | None = None) -> dict[str, dict[str, int]]:
     """Per table and stream: bytes held in state + tombstones plus dirty bytes in the log."""
-    policy, now = policy_of(settings), datetime.now(timezone.utc)
-    return {n.table: {s.stream: s.clean_bytes + s.dirty_bytes for s in stream_stats(catalog, n, policy, now)
-                      if s.clean_bytes or s.dirty_bytes}
-            for n in table_names(settings, catalog, tables)}
+    policy, now = policy_of(settings), datetime.now(UTC)
+    return {
+        n.table: {
+            s.stream: s.clean_bytes + s.dirty_bytes
+            for s in stream_stats(catalog, n, policy, now)
+            if s.clean_bytes or s.dirty_bytes
+        }
+        for n in table_names(settings, catalog, tables)
+    }
 
 
 def validate_tables(settings: Settings, catalog: Catalog) -> None:
@@ -59,8 +67,9 @@ def validate_tables(settings: Settings, catalog: Catalog) -> None:
         validate(settings, table)
 
 
-def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | None = None,
-               max_records: int | None = None) -> IngestStats:
+def run_ingest(
+    settings: Settings, on_batch: Callable[[IngestStats], None] | None = None, max_records: int | None = None
+) -> IngestStats:
     if settings.source.type == "file" and not settings.source.path:
         from connector.errors import ConfigError
 
@@ -85,6 +94,7 @@ def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | Non
                 run_compaction(settings, touched)
             if user_on_batch:
                 user_on_batch(stats)
+
     src = settings.source
     stream = None
     if src.type == "eventhubs" and src.eventhubs_mode == "spark":
@@ -106,15 +116,33 @@ def run_ingest(settings: Settings, on_batch: Callable[[IngestStats], None] | Non
 
         source_cls, options, mirror = stream
         try:
-            return ingest_spark_stream(get_spark(settings), source_cls, options, catalog,
-                                       settings.catalog.namespace, settings.decoder(), src.batch_size,
-                                       gate, on_batch, mirror)
+            return ingest_spark_stream(
+                get_spark(settings),
+                source_cls,
+                options,
+                catalog,
+                settings.catalog.namespace,
+                settings.decoder(),
+                src.batch_size,
+                gate,
+                on_batch,
+                mirror,
+            )
         finally:
             if hasattr(mirror, "close"):
                 mirror.close()
     with load_source(settings.source) as source:
-        return ingest(source, catalog, settings.catalog.namespace, settings.decoder(),
-                      settings.source.batch_size, on_batch, max_records, gate, make_room if backpressure else None)
+        return ingest(
+            source,
+            catalog,
+            settings.catalog.namespace,
+            settings.decoder(),
+            settings.source.batch_size,
+            on_batch,
+            max_records,
+            gate,
+            make_room if backpressure else None,
+        )
 
 
 def compaction_enabled(settings: Settings, table: str) -> bool:
@@ -122,8 +150,13 @@ def compaction_enabled(settings: Settings, table: str) -> bool:
     return cfg.compaction if cfg else True
 
 
-def run_compaction(settings: Settings, tables: list[str] | None = None, force: bool = False,
-                   now: datetime | None = None, on_table: Callable[[str], None] | None = None) -> list:
+def run_compaction(
+    settings: Settings,
+    tables: list[str] | None = None,
+    force: bool = False,
+    now: datetime | None = None,
+    on_table: Callable[[str], None] | None = None,
+) -> list:
     from iceberg.compaction.job import compact
     from iceberg.spark import get_spark
 
@@ -136,7 +169,7 @@ def run_compaction(settings: Settings, tables: list[str] | None = None, force: b
         validate(settings, names.table)
         if on_table:
             on_table(names.state)
-        reports.append(compact(spark, catalog, names, policy_of(settings), now or datetime.now(timezone.utc), force))
+        reports.append(compact(spark, catalog, names, policy_of(settings), now or datetime.now(UTC), force))
     return reports
 
 
@@ -171,7 +204,7 @@ def _count_by_stream(table) -> dict[str, int]:
 
 def status(settings: Settings, now: datetime | None = None) -> list[StreamStatus]:
     catalog = load_catalog(settings)
-    policy, now = policy_of(settings), now or datetime.now(timezone.utc)
+    policy, now = policy_of(settings), now or datetime.now(UTC)
     out = []
     for names in table_names(settings, catalog):
         quota = table_quota(settings, names.table)
@@ -181,8 +214,19 @@ def status(settings: Settings, now: datetime | None = None) -> list[StreamStatus
             if s.dirty_events == 0 and s.stream not in live and s.stream not in dead and s.cleaner_point == 0:
                 continue  # a stream that feeds other tables
             total = s.clean_bytes + s.dirty_bytes
-            out.append(StreamStatus(names.table, s.stream, s.cleaner_point, s.dirty_events, s.dirty_bytes,
-                                    s.clean_bytes, round(s.dirty_bytes / total, 3) if total else 0.0,
-                                    live.get(s.stream, 0), dead.get(s.stream, 0), quota.name,
-                                    quota.compacted_bytes_per_partition))
+            out.append(
+                StreamStatus(
+                    names.table,
+                    s.stream,
+                    s.cleaner_point,
+                    s.dirty_events,
+                    s.dirty_bytes,
+                    s.clean_bytes,
+                    round(s.dirty_bytes / total, 3) if total else 0.0,
+                    live.get(s.stream, 0),
+                    dead.get(s.stream, 0),
+                    quota.name,
+                    quota.compacted_bytes_per_partition,
+                )
+            )
     return out

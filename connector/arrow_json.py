@@ -40,6 +40,7 @@ def utf8_valid(values: pa.Array) -> pa.Array:
         values.cast(pa.string())  # validates every value at once: the usual answer is yes
         return pa.repeat(pa.scalar(True), len(values))
     except pa.ArrowInvalid:
+
         def valid(v: bytes | None) -> bool:
             try:
                 v is None or v.decode("utf-8")
@@ -64,8 +65,11 @@ def parse(values: pa.Array) -> pa.Table | None:
     try:
         t = pj.read_json(pa.BufferReader(data), read_options=opts)
         if any(pa.types.is_timestamp(f.type) for f in _after_fields(t)):  # Arrow read ISO text as timestamps
-            t = pj.read_json(pa.BufferReader(data), read_options=opts,
-                             parse_options=pj.ParseOptions(explicit_schema=_no_timestamps(t.schema)))
+            t = pj.read_json(
+                pa.BufferReader(data),
+                read_options=opts,
+                parse_options=pj.ParseOptions(explicit_schema=_no_timestamps(t.schema)),
+            )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     return t if t.num_rows == len(values) else None
@@ -104,8 +108,12 @@ def key_texts(keys: pa.Array, key_format: KeyFormat = "json") -> pa.Array:
     if pc.any(cand).as_py():
         idx = pc.indices_nonzero(cand)
         t = parse(keys.filter(cand))
-        if (t is not None and t.num_columns and "payload" not in t.schema.names
-                and all(f.type in (pa.int64(), pa.string(), pa.bool_()) for f in t.schema)):
+        if (
+            t is not None
+            and t.num_columns
+            and "payload" not in t.schema.names
+            and all(f.type in (pa.int64(), pa.string(), pa.bool_()) for f in t.schema)
+        ):
             struct = pa.StructArray.from_arrays([c.combine_chunks() for c in t.columns], names=t.schema.names)
             text, _, bad = after_json(struct)
             good = pc.invert(bad)
@@ -173,8 +181,7 @@ def after_json(after: pa.StructArray) -> tuple[pa.Array, pa.Array, pa.Array]:
     body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*values, ""), 0, -1)
     type_body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*types, ""), 0, -1)
     after_text = pc.binary_join_element_wise("{", body, "}", "")
-    types_text = pc.if_else(pc.equal(type_body, ""), _NULL_TEXT,
-                            pc.binary_join_element_wise("{", type_body, "}", ""))
+    types_text = pc.if_else(pc.equal(type_body, ""), _NULL_TEXT, pc.binary_join_element_wise("{", type_body, "}", ""))
     return after_text, types_text, bad
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Mapping
 
 import orjson
 import pyarrow as pa
@@ -33,8 +33,12 @@ from connector.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, Sour
 from iceberg.layouts import DEAD_LETTER_SCHEMA, LOG_SCHEMA, UTC_TS
 
 # A source's records as columns: the log's own types, the key as the raw bytes.
-RECORD_SCHEMA = pa.schema([pa.field("key", pa.binary()) if n == "key" else LOG_SCHEMA.field(n) for n in (
-    "topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value", "headers")])
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()) if n == "key" else LOG_SCHEMA.field(n)
+        for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value", "headers")
+    ]
+)
 FAST_OPS = pa.array(["c", "u", "d", "r"])
 _SCALARS = (pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.null())
 
@@ -67,7 +71,7 @@ class RecordBatch:
         self.table, self._records = table, records
 
     @classmethod
-    def of(cls, records: list[SourceRecord]) -> "RecordBatch":
+    def of(cls, records: list[SourceRecord]) -> RecordBatch:
         columns = {
             "topic": [r.topic for r in records],
             "partition": [r.partition for r in records],
@@ -91,16 +95,21 @@ class RecordBatch:
     @cached_property
     def nbytes(self) -> pa.Array:
         """Key + value bytes per record, what quotas count (`SourceRecord.nbytes`)."""
-        return pc.add(pc.binary_length(self.table["key"]).fill_null(0),
-                      pc.binary_length(self.table["value"]).fill_null(0)).cast(pa.int64()).combine_chunks()
+        return (
+            pc.add(pc.binary_length(self.table["key"]).fill_null(0), pc.binary_length(self.table["value"]).fill_null(0))
+            .cast(pa.int64())
+            .combine_chunks()
+        )
 
     def records(self, idx: list[int]) -> list[SourceRecord]:
         if self._records is not None:
             return [self._records[i] for i in idx]
         rows = self.table.take(pa.array(idx, pa.int64()))
         cols = {n: rows[n].to_pylist() for n in RECORD_SCHEMA.names}
-        return [SourceRecord(t, p, o, q, e, k, v, _header_pairs(h))
-                for t, p, o, q, e, k, v, h in zip(*(cols[n] for n in RECORD_SCHEMA.names))]
+        return [
+            SourceRecord(t, p, o, q, e, k, v, _header_pairs(h))
+            for t, p, o, q, e, k, v, h in zip(*(cols[n] for n in RECORD_SCHEMA.names))
+        ]
 
     def positions(self) -> dict[str, int]:
         """Per stream, the next sequence number after this batch."""
@@ -123,11 +132,11 @@ class Rows:
     table: pa.Table
     idx: pa.Array
 
-    def keep(self, mask: pa.Array) -> "Rows":
+    def keep(self, mask: pa.Array) -> Rows:
         return Rows(self.table.filter(mask), self.idx.filter(mask))
 
     @staticmethod
-    def concat(parts: list["Rows"]) -> "Rows":
+    def concat(parts: list[Rows]) -> Rows:
         return Rows(pa.concat_tables([p.table for p in parts]), pa.concat_arrays([p.idx for p in parts]))
 
 
@@ -165,19 +174,27 @@ def _with_record_columns(batch: RecordBatch, idx: pa.Array, columns: dict[str, p
 
 def log_rows(events: list[ChangeEvent], now: datetime) -> pa.Table:
     memo: dict[int, tuple[dict, str]] = {}
-    return _with_record_columns(RecordBatch.of([e.record for e in events]), pa.array(range(len(events)), pa.int64()), {
-        "key": pa.array([e.key for e in events], pa.string()),
-        "op": pa.array([e.op for e in events], pa.string()),
-        "snapshot": pa.array([e.snapshot for e in events], pa.bool_()),
-        "tombstone": pa.array([e.tombstone for e in events], pa.bool_()),
-        "source_position": pa.array([list(e.position) if e.position is not None else None for e in events],
-                                    pa.list_(pa.int64())),
-        "source_ts_ms": pa.array([e.source_ts_ms for e in events], pa.int64()),
-        "after": pa.array([orjson.dumps(e.after).decode() if e.after is not None else None for e in events],
-                          pa.string()),
-        "after_types": pa.array([_types_json(e.after_types, memo) if e.after_types else None for e in events],
-                                pa.string()),
-    }, now)
+    return _with_record_columns(
+        RecordBatch.of([e.record for e in events]),
+        pa.array(range(len(events)), pa.int64()),
+        {
+            "key": pa.array([e.key for e in events], pa.string()),
+            "op": pa.array([e.op for e in events], pa.string()),
+            "snapshot": pa.array([e.snapshot for e in events], pa.bool_()),
+            "tombstone": pa.array([e.tombstone for e in events], pa.bool_()),
+            "source_position": pa.array(
+                [list(e.position) if e.position is not None else None for e in events], pa.list_(pa.int64())
+            ),
+            "source_ts_ms": pa.array([e.source_ts_ms for e in events], pa.int64()),
+            "after": pa.array(
+                [orjson.dumps(e.after).decode() if e.after is not None else None for e in events], pa.string()
+            ),
+            "after_types": pa.array(
+                [_types_json(e.after_types, memo) if e.after_types else None for e in events], pa.string()
+            ),
+        },
+        now,
+    )
 
 
 def dead_letter_rows(letters: list[DeadLetter], now: datetime) -> pa.Table:
@@ -201,8 +218,10 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime, chunk: int
     records take the Arrow route in chunks of at least `chunk`, on `DECODE_THREADS` threads."""
     out = Decoded()
     values = batch.table["value"].combine_chunks()
-    candidate = pc.and_(json_objects(values, decoder.limits.max_depth),
-                        pc.less_equal(pc.binary_length(values), decoder.limits.max_value_bytes).fill_null(False))
+    candidate = pc.and_(
+        json_objects(values, decoder.limits.max_depth),
+        pc.less_equal(pc.binary_length(values), decoder.limits.max_value_bytes).fill_null(False),
+    )
     headers = batch.table["headers"].combine_chunks()
     if headers.null_count < len(headers):  # a record a source could not read is a dead letter as it is
         unread = pc.match_substring(headers, f'"{SOURCE_ERROR_HEADER}"').fill_null(False)
@@ -269,11 +288,24 @@ def _bare_tombstones(decoder: Decoder, batch: RecordBatch, topics: pa.Array, now
         mask = pc.and_(ok, pc.equal(tables, table))
         idx = bare.filter(mask)
         n = len(idx)
-        out[table] = Rows(_with_record_columns(batch, idx, {
-            "key": keys.filter(mask), "op": pa.repeat(pa.scalar("d"), n), "snapshot": pa.repeat(pa.scalar(False), n),
-            "tombstone": pa.repeat(pa.scalar(True), n), "source_position": pa.nulls(n, pa.list_(pa.int64())),
-            "source_ts_ms": pa.nulls(n, pa.int64()), "after": pa.nulls(n, pa.string()),
-            "after_types": pa.nulls(n, pa.string())}, now), idx)
+        out[table] = Rows(
+            _with_record_columns(
+                batch,
+                idx,
+                {
+                    "key": keys.filter(mask),
+                    "op": pa.repeat(pa.scalar("d"), n),
+                    "snapshot": pa.repeat(pa.scalar(False), n),
+                    "tombstone": pa.repeat(pa.scalar(True), n),
+                    "source_position": pa.nulls(n, pa.list_(pa.int64())),
+                    "source_ts_ms": pa.nulls(n, pa.int64()),
+                    "after": pa.nulls(n, pa.string()),
+                    "after_types": pa.nulls(n, pa.string()),
+                },
+                now,
+            ),
+            idx,
+        )
     return out
 
 
@@ -306,14 +338,23 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     if after.type == pa.null():
         after = pa.nulls(n, pa.struct([]))
     doc_ts = _column(t, "ts_ms", (pa.int64(),))
-    if (op is None or doc_ts is None or source is None or not pa.types.is_struct(source.type)
-            or any(f.type not in _SCALARS for f in source.type)
-            or not pa.types.is_struct(after.type) or any(f.type not in _SCALARS for f in after.type)):
+    if (
+        op is None
+        or doc_ts is None
+        or source is None
+        or not pa.types.is_struct(source.type)
+        or any(f.type not in _SCALARS for f in source.type)
+        or not pa.types.is_struct(after.type)
+        or any(f.type not in _SCALARS for f in after.type)
+    ):
         return {}
     names = [f.name for f in after.type]
     limits = decoder.limits
-    if (len(names) > limits.max_columns or len({n.lower() for n in names}) < len(names)
-            or any(not n.strip() or len(n) > limits.max_name_length or n in RESERVED_COLUMNS for n in names)):
+    if (
+        len(names) > limits.max_columns
+        or len({n.lower() for n in names}) < len(names)
+        or any(not n.strip() or len(n) > limits.max_name_length or n in RESERVED_COLUMNS for n in names)
+    ):
         return {}  # some record's columns may not be held: the per-record route says which
     connector, lsn = _column(source, "connector", (pa.string(),)), _column(source, "lsn", (pa.int64(),))
     table_text, src_ts = _column(source, "table", (pa.string(),)), _column(source, "ts_ms", (pa.int64(),))
@@ -326,16 +367,24 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     keys = key_texts(_take(batch.table["key"], idx).combine_chunks(), decoder.key_format)
     tables = mapped(table_text, lambda text: _table_or_none(text, limits.max_table_name_length))
     ok = pc.and_kleene(pc.is_in(op, FAST_OPS), pc.is_valid(source))
-    for cond in (pc.equal(pc.utf8_lower(connector), "postgresql"), pc.is_valid(lsn), pc.is_valid(tables),
-                 pc.is_valid(keys), pc.or_(is_d, pc.is_valid(after)), pc.invert(bad),
-                 pc.invert(pc.is_in(tables, pa.array(sorted(decoder.key_fields), pa.string())))):
+    for cond in (
+        pc.equal(pc.utf8_lower(connector), "postgresql"),
+        pc.is_valid(lsn),
+        pc.is_valid(tables),
+        pc.is_valid(keys),
+        pc.or_(is_d, pc.is_valid(after)),
+        pc.invert(bad),
+        pc.invert(pc.is_in(tables, pa.array(sorted(decoder.key_fields), pa.string()))),
+    ):
         ok = pc.and_kleene(ok, cond)
     ok = ok.fill_null(False)
     if not pc.any(ok).as_py():
         return {}
 
-    snapshot = pc.or_(pc.equal(op, "r"), pc.is_in(pc.utf8_lower(marker.cast(pa.string())),
-                                                  pa.array(sorted(SNAPSHOT_MARKERS))).fill_null(False))
+    snapshot = pc.or_(
+        pc.equal(op, "r"),
+        pc.is_in(pc.utf8_lower(marker.cast(pa.string())), pa.array(sorted(SNAPSHOT_MARKERS))).fill_null(False),
+    )
     columns = {
         "key": keys,
         "op": op,
@@ -349,8 +398,11 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     out: dict[str, Rows] = {}
     for table in pc.unique(tables.filter(ok)).to_pylist():
         mask = pc.and_(ok, pc.equal(tables, table))
-        taken, cols = ((idx, columns) if pc.all(mask.fill_null(False)).as_py()  # usual: every record, one table
-                       else (idx.filter(mask), {c: a.filter(mask) for c, a in columns.items()}))
+        taken, cols = (
+            (idx, columns)
+            if pc.all(mask.fill_null(False)).as_py()  # usual: every record, one table
+            else (idx.filter(mask), {c: a.filter(mask) for c, a in columns.items()})
+        )
         out[table] = Rows(_with_record_columns(batch, taken, cols, now), taken)
     return out
 

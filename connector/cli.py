@@ -15,9 +15,8 @@ import json
 import logging
 import shutil
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -33,12 +32,16 @@ app = typer.Typer(help=__doc__, no_args_is_help=True, rich_markup_mode="markdown
 console = Console()
 PROGRESS_EVERY_S = 10.0  # progress lines when the output is not a terminal (CI, log files)
 
-ConfigOpt = typer.Option(None, "--config", "-c", envvar="CDCLAKE_CONFIG",
-                         help="TOML config file; CDCLAKE_* environment variables override it "
-                              "(e.g. CDCLAKE_SOURCE__PATH=dump.jsonl).")
+ConfigOpt = typer.Option(
+    None,
+    "--config",
+    "-c",
+    envvar="CDCLAKE_CONFIG",
+    help="TOML config file; CDCLAKE_* environment variables override it (e.g. CDCLAKE_SOURCE__PATH=dump.jsonl).",
+)
 
 
-def _settings(config: Optional[Path], **overrides) -> Settings:
+def _settings(config: Path | None, **overrides) -> Settings:
     try:
         return load_settings(config, **overrides)
     except ConnectorError as e:
@@ -65,61 +68,93 @@ def _guard(fn):
 
 @app.callback()
 def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log every commit and decision")) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if not console.is_terminal:  # no spinner in a log file: the compaction steps are the progress
         logging.getLogger("iceberg.compaction.job").setLevel(logging.INFO)
 
 
-def _do_ingest(settings: Settings, max_records: Optional[int] = None):
+def _do_ingest(settings: Settings, max_records: int | None = None):
     from connector.app import run_ingest
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                  transient=True) as progress:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+    ) as progress:
         task = progress.add_task("ingesting", total=None)
         started = last_line = time.monotonic()
 
         def on_batch(stats):
             nonlocal last_line
             now = time.monotonic()
-            line = (f"ingesting: {stats.records:,} records in {stats.batches} batches "
-                    f"({stats.records / max(now - started, 1e-9):,.0f}/s), "
-                    f"{sum(stats.dead_letters.values()):,} dead letters")
+            line = (
+                f"ingesting: {stats.records:,} records in {stats.batches} batches "
+                f"({stats.records / max(now - started, 1e-9):,.0f}/s), "
+                f"{sum(stats.dead_letters.values()):,} dead letters"
+            )
             progress.update(task, description=line)
             if not console.is_terminal and now - last_line >= PROGRESS_EVERY_S:  # logs get a line, not a spinner
                 console.print(line)
                 last_line = now
 
         stats = run_ingest(settings, on_batch, max_records)
-    table = _table("table", "accepted", "dead letters", title=f"ingested {stats.records:,} records "
-                  f"({stats.duplicates:,} already held, skipped)")
+    table = _table(
+        "table",
+        "accepted",
+        "dead letters",
+        title=f"ingested {stats.records:,} records ({stats.duplicates:,} already held, skipped)",
+    )
     for name in sorted(set(stats.accepted) | set(stats.dead_letters)):
         table.add_row(name, f"{stats.accepted.get(name, 0):,}", f"{stats.dead_letters.get(name, 0):,}")
     _show(table)
     return stats
 
 
-def _do_compact(settings: Settings, tables: Optional[list[str]], force: bool, now: Optional[datetime] = None):
+def _do_compact(settings: Settings, tables: list[str] | None, force: bool, now: datetime | None = None):
     from connector.app import run_compaction
 
     with console.status("starting Spark") as st:
-        reports = run_compaction(settings, tables, force, now,
-                                 on_table=lambda t: st.update(f"compacting {t}"))
-    table = _table("table", "streams", "events", "keys", "upserts", "deletes", "stale", "truncates", "dead letters",
-                   "purged", "maintenance", "seconds", title="compaction")
+        reports = run_compaction(settings, tables, force, now, on_table=lambda t: st.update(f"compacting {t}"))
+    table = _table(
+        "table",
+        "streams",
+        "events",
+        "keys",
+        "upserts",
+        "deletes",
+        "stale",
+        "truncates",
+        "dead letters",
+        "purged",
+        "maintenance",
+        "seconds",
+        title="compaction",
+    )
     for r in reports:
         stale = "\n".join(f"{n:,} {reason}" for reason, n in sorted(r.stale_reasons.items())) or "0"
         truncates = f"{r.truncates} ({r.truncated:,} keys)" if r.truncates else "0"
-        table.add_row(r.table, str(len(r.ranges)), f"{r.events:,}", f"{r.keys:,}", f"{r.upserts:,}",
-                      f"{r.deletes:,}", stale, truncates, f"{r.refused:,}", f"{r.purged:,}",
-                      "\n".join(r.maintenance) or "-", f"{r.seconds:.1f}")
+        table.add_row(
+            r.table,
+            str(len(r.ranges)),
+            f"{r.events:,}",
+            f"{r.keys:,}",
+            f"{r.upserts:,}",
+            f"{r.deletes:,}",
+            stale,
+            truncates,
+            f"{r.refused:,}",
+            f"{r.purged:,}",
+            "\n".join(r.maintenance) or "-",
+            f"{r.seconds:.1f}",
+        )
     _show(table)
     return reports
 
 
 @app.command()
-def ingest(config: Optional[Path] = ConfigOpt,
-           max_records: Optional[int] = typer.Option(None, help="stop after this many records")) -> None:
+def ingest(
+    config: Path | None = ConfigOpt, max_records: int | None = typer.Option(None, help="stop after this many records")
+) -> None:
     """Read the source from the committed positions and append to the log tables (exactly once).
 
     Example: `cdclake ingest -c lake.toml --max-records 100000`"""
@@ -128,10 +163,11 @@ def ingest(config: Optional[Path] = ConfigOpt,
 
 
 @app.command()
-def compact(config: Optional[Path] = ConfigOpt,
-            table: Optional[list[str]] = typer.Option(None, "--table", "-t", help="only this source table (repeat)"),
-            force: bool = typer.Option(False, help="clean every cleanable range, ignoring min_cleanable_dirty_ratio"),
-            ) -> None:
+def compact(
+    config: Path | None = ConfigOpt,
+    table: list[str] | None = typer.Option(None, "--table", "-t", help="only this source table (repeat)"),
+    force: bool = typer.Option(False, help="clean every cleanable range, ignoring min_cleanable_dirty_ratio"),
+) -> None:
     """Run the Spark cleaner on the tables whose dirty ratio (or max_compaction_lag) makes them due,
     then rewrite small files (the log's manifests) and expire old snapshots where due (`[maintenance]`).
 
@@ -141,10 +177,12 @@ def compact(config: Optional[Path] = ConfigOpt,
 
 
 @app.command()
-def run(config: Optional[Path] = ConfigOpt,
-        every: Optional[float] = typer.Option(None, help="repeat ingest + compact every N seconds until Ctrl-C"),
-        force: bool = typer.Option(False, help="compact regardless of the dirty ratio"),
-        metrics_port: Optional[int] = typer.Option(None, help="serve Prometheus metrics on 127.0.0.1:PORT")) -> None:
+def run(
+    config: Path | None = ConfigOpt,
+    every: float | None = typer.Option(None, help="repeat ingest + compact every N seconds until Ctrl-C"),
+    force: bool = typer.Option(False, help="compact regardless of the dirty ratio"),
+    metrics_port: int | None = typer.Option(None, help="serve Prometheus metrics on 127.0.0.1:PORT"),
+) -> None:
     """Ingest then compact, once (default) or repeatedly with --every.
 
     Example: `cdclake run -c lake.toml --every 60 --metrics-port 9108`"""
@@ -204,12 +242,32 @@ def _print_status(settings: Settings, as_json: bool = False) -> None:
     rows = get_status(settings)
     if as_json:
         return _print_json([asdict(s) | {"usage_bytes": s.usage_bytes} for s in rows])
-    table = _table("table", "stream", "cleaner point", "dirty events", "dirty bytes", "clean bytes", "dirty ratio",
-                   "live rows", "tombstones", "usage / quota", title="status")
+    table = _table(
+        "table",
+        "stream",
+        "cleaner point",
+        "dirty events",
+        "dirty bytes",
+        "clean bytes",
+        "dirty ratio",
+        "live rows",
+        "tombstones",
+        "usage / quota",
+        title="status",
+    )
     for s in rows:
-        table.add_row(s.table, s.stream, f"{s.cleaner_point:,}", f"{s.dirty_events:,}", human_bytes(s.dirty_bytes),
-                      human_bytes(s.clean_bytes), f"{s.dirty_ratio:.2f}", f"{s.live_rows:,}", f"{s.tombstones:,}",
-                      _usage(s.usage_bytes, s.quota_bytes, s.tier))
+        table.add_row(
+            s.table,
+            s.stream,
+            f"{s.cleaner_point:,}",
+            f"{s.dirty_events:,}",
+            human_bytes(s.dirty_bytes),
+            human_bytes(s.clean_bytes),
+            f"{s.dirty_ratio:.2f}",
+            f"{s.live_rows:,}",
+            f"{s.tombstones:,}",
+            _usage(s.usage_bytes, s.quota_bytes, s.tier),
+        )
     _show(table)
 
 
@@ -227,22 +285,56 @@ def _print_quotas(settings: Settings, as_json: bool = False) -> None:
 
     usage = get_status(settings)
     if as_json:
-        return _print_json([{"tiers": [asdict(q) for q in tiers(settings).values()],
-                             "usage": [{"table": s.table, "stream": s.stream, "tier": s.tier,
-                                        "usage_bytes": s.usage_bytes, "quota_bytes": s.quota_bytes} for s in usage]}])
-    table = _table("tier", "compaction", "compacted size / partition", "max event", "max partitions",
-                   "max retention (days)", "consumer groups", title="tiers")
+        return _print_json(
+            [
+                {
+                    "tiers": [asdict(q) for q in tiers(settings).values()],
+                    "usage": [
+                        {
+                            "table": s.table,
+                            "stream": s.stream,
+                            "tier": s.tier,
+                            "usage_bytes": s.usage_bytes,
+                            "quota_bytes": s.quota_bytes,
+                        }
+                        for s in usage
+                    ],
+                }
+            ]
+        )
+    table = _table(
+        "tier",
+        "compaction",
+        "compacted size / partition",
+        "max event",
+        "max partitions",
+        "max retention (days)",
+        "consumer groups",
+        title="tiers",
+    )
     for q in tiers(settings).values():
-        table.add_row(q.name, "yes" if q.compaction_supported else "no",
-                      human_bytes(q.compacted_bytes_per_partition) if q.compacted_bytes_per_partition else "-",
-                      human_bytes(q.max_event_bytes), str(q.max_partitions), str(q.max_retention_days),
-                      str(q.consumer_groups))
+        table.add_row(
+            q.name,
+            "yes" if q.compaction_supported else "no",
+            human_bytes(q.compacted_bytes_per_partition) if q.compacted_bytes_per_partition else "-",
+            human_bytes(q.max_event_bytes),
+            str(q.max_partitions),
+            str(q.max_retention_days),
+            str(q.consumer_groups),
+        )
     _show(table)
-    table = _table("table", "stream", "tier", "usage", "quota", title="usage per partition (state + tombstones + "
-                   "dirty log, key + payload bytes)")
+    table = _table(
+        "table",
+        "stream",
+        "tier",
+        "usage",
+        "quota",
+        title="usage per partition (state + tombstones + dirty log, key + payload bytes)",
+    )
     for s in usage:
-        table.add_row(s.table, s.stream, s.tier, human_bytes(s.usage_bytes), _usage(s.usage_bytes, s.quota_bytes,
-                                                                                    s.tier))
+        table.add_row(
+            s.table, s.stream, s.tier, human_bytes(s.usage_bytes), _usage(s.usage_bytes, s.quota_bytes, s.tier)
+        )
     _show(table)
 
 
@@ -250,7 +342,7 @@ JsonOpt = typer.Option(False, "--json", help="print JSON for scripts instead of 
 
 
 @app.command()
-def status(config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
+def status(config: Path | None = ConfigOpt, as_json: bool = JsonOpt) -> None:
     """Per table and stream: cleaner point, dirty ratio, live rows, tombstones, bytes (no Spark needed).
 
     Example: `cdclake status -c lake.toml --json`"""
@@ -259,7 +351,7 @@ def status(config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
 
 
 @app.command()
-def quotas(config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
+def quotas(config: Path | None = ConfigOpt, as_json: bool = JsonOpt) -> None:
     """The Event Hubs tiers (and custom ones) and each table's usage per partition against its tier.
 
     Example: `cdclake quotas -c lake.toml`"""
@@ -284,8 +376,11 @@ def _print_query(settings: Settings, sql: str, limit: int) -> None:
 
 
 @app.command()
-def query(sql: str = typer.Argument(..., help="Spark SQL, e.g. \"SELECT * FROM cdc.customers\""),
-          config: Optional[Path] = ConfigOpt, limit: int = typer.Option(50, help="rows to print")) -> None:
+def query(
+    sql: str = typer.Argument(..., help='Spark SQL, e.g. "SELECT * FROM cdc.customers"'),
+    config: Path | None = ConfigOpt,
+    limit: int = typer.Option(50, help="rows to print"),
+) -> None:
     """Run Spark SQL over the tables (the catalog is the default one: name tables `<ns>.<table>`).
 
     Example: `cdclake query "SELECT reason, count(*) FROM cdc.orders__stale GROUP BY reason"`"""
@@ -304,25 +399,45 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
     if work_dir.exists():
         shutil.rmtree(work_dir)
     events = write_demo_file(work_dir / "events.jsonl")
-    settings = _settings(None, work_dir=work_dir, source={"type": "file", "path": str(events)},
-                         compaction={"min_compaction_lag_seconds": 0})
+    settings = _settings(
+        None,
+        work_dir=work_dir,
+        source={"type": "file", "path": str(events)},
+        compaction={"min_compaction_lag_seconds": 0},
+    )
     total = len(events.read_text().splitlines())
-    for step, (records, what) in enumerate([(total - LATE_EVENTS, "the stream"),
-                                            (None, f"{LATE_EVENTS} late events older than what is held")], 1):
+    for step, (records, what) in enumerate(
+        [(total - LATE_EVENTS, "the stream"), (None, f"{LATE_EVENTS} late events older than what is held")], 1
+    ):
         console.rule(f"[bold]round {step}: ingest {what}, then compact[/bold]")
         _guard(lambda records=records: _do_ingest(settings, records))
-        _guard(lambda: _do_compact(settings, None, force=True, now=datetime.now(timezone.utc)))
+        _guard(lambda: _do_compact(settings, None, force=True, now=datetime.now(UTC)))
     console.rule("[bold]tables[/bold]")
     ns = settings.catalog.namespace
     for t in ("customers", "orders", "products"):
-        _guard(lambda t=t: _print_query(settings, f"SELECT * EXCEPT (_topic, _sequence_number, _enqueued_time, _source_ts, "
-                                                  f"_payload_bytes, _snapshot) "
-                                                  f"FROM {ns}.{t} ORDER BY _key", 50))
-    _guard(lambda: _print_query(settings, "SELECT 'customers' AS tbl, _key, _offset, _partition_id, expires_at FROM "
-                                          f"{ns}.customers__tombstones UNION ALL SELECT 'orders', _key, _offset, "
-                                          f"_partition_id, expires_at FROM {ns}.orders__tombstones", 50))
-    _guard(lambda: _print_query(settings, f"SELECT topic, partition, offset, reason, detail FROM "
-                                          f"{ns}.products__dead_letters", 50))
+        _guard(
+            lambda t=t: _print_query(
+                settings,
+                f"SELECT * EXCEPT (_topic, _sequence_number, _enqueued_time, _source_ts, "
+                f"_payload_bytes, _snapshot) "
+                f"FROM {ns}.{t} ORDER BY _key",
+                50,
+            )
+        )
+    _guard(
+        lambda: _print_query(
+            settings,
+            "SELECT 'customers' AS tbl, _key, _offset, _partition_id, expires_at FROM "
+            f"{ns}.customers__tombstones UNION ALL SELECT 'orders', _key, _offset, "
+            f"_partition_id, expires_at FROM {ns}.orders__tombstones",
+            50,
+        )
+    )
+    _guard(
+        lambda: _print_query(
+            settings, f"SELECT topic, partition, offset, reason, detail FROM {ns}.products__dead_letters", 50
+        )
+    )
     console.rule("[bold]status[/bold]")
     _guard(lambda: _print_status(settings))
     _guard(lambda: _print_quotas(settings))

@@ -12,7 +12,7 @@ import json
 import os
 import re
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +39,7 @@ class CatalogConfig(_Section):
         if uri is not None and not re.match(r"^(sqlite:///|postgresql(\+\w+)?://)", uri):
             raise ValueError(f"{uri!r}: give sqlite:////abs/path/catalog.db or postgresql://user:pass@host/db")
         return uri
+
     warehouse: str | None = Field(None, description="warehouse location; default <work_dir>/warehouse")
     namespace: str = "cdc"
     properties: dict[str, str] = Field(default_factory=dict, description="extra FileIO properties (s3.*, adls.*)")
@@ -47,31 +48,35 @@ class CatalogConfig(_Section):
 EVENTHUBS_KAFKA_PORT = 9093
 
 
-def starting_text(start: "str | int | datetime") -> str:
+def starting_text(start: str | int | datetime) -> str:
     """A starting position as text (for Spark data source options): name, number or ISO time."""
     return start.isoformat() if isinstance(start, datetime) else str(start)
 
 
-def starting_value(text: str) -> "str | int | datetime":
+def starting_value(text: str) -> str | int | datetime:
     if text in ("earliest", "latest"):
         return text
     if text.lstrip("-").isdigit():
         return int(text)
     when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 class SourceConfig(_Section):
     type: Literal["file", "kafka", "eventhubs-kafka", "eventhubs"] = "file"
     batch_size: int = Field(50_000, gt=0, description="records per ingest commit")
     key_format: Literal["json", "text"] | None = Field(
-        None, description="record keys: json (Debezium: a JSON object; anything else is a dead letter) or text "
-                          "(used as sent); default json, text for eventhubs (AMQP's partition key is text)")
+        None,
+        description="record keys: json (Debezium: a JSON object; anything else is a dead letter) or text "
+        "(used as sent); default json, text for eventhubs (AMQP's partition key is text)",
+    )
     # file
     path: str | None = None
     topic: str | None = Field(None, description="topic for file lines that carry none")
     # kafka and eventhubs-kafka
-    bootstrap_servers: str | None = Field(None, description="host:port list; for eventhubs-kafka derived from namespace")
+    bootstrap_servers: str | None = Field(
+        None, description="host:port list; for eventhubs-kafka derived from namespace"
+    )
     topics: list[str] = Field(default_factory=list, description="topics (event hubs) to read")
     group_id: str = Field("cdclake", description="consumer group whose offsets mirror the committed positions")
     security_protocol: str | None = Field(None, description="default PLAINTEXT (kafka), SASL_SSL (eventhubs-kafka)")
@@ -81,42 +86,54 @@ class SourceConfig(_Section):
     namespace: str | None = Field(None, description="Event Hubs namespace (eventhubs-kafka)")
     connection_string: SecretStr | None = Field(None, description="Event Hubs connection string (eventhubs-kafka)")
     starting_position: Literal["earliest", "latest"] | int | datetime = Field(
-        "earliest", description="where a partition with no committed position starts: earliest, latest, a "
-                                "sequence number / offset, or an enqueued time (ISO 8601)")
+        "earliest",
+        description="where a partition with no committed position starts: earliest, latest, a "
+        "sequence number / offset, or an enqueued time (ISO 8601)",
+    )
     fail_on_data_loss: bool = Field(
-        True, description="stop when committed offsets no longer exist in the source (retention, compaction)")
+        True, description="stop when committed offsets no longer exist in the source (retention, compaction)"
+    )
     unavailable_timeout_seconds: float = Field(60.0, gt=0, description="broker unreachable this long: fail")
     kafka: dict[str, str] = Field(default_factory=dict, description="extra librdkafka settings")
     kafka_mode: Literal["spark", "driver"] = Field(
-        "spark", description="spark: Spark Structured Streaming (executors read partitions); driver: one consumer")
+        "spark", description="spark: Spark Structured Streaming (executors read partitions); driver: one consumer"
+    )
     # eventhubs (AMQP)
     event_hub: str | None = Field(None, description="event hub name (eventhubs); default the EntityPath")
     consumer_group: str = "$Default"
     eventhubs_mode: Literal["spark", "driver"] = Field(
-        "spark", description="spark: a PySpark streaming data source, executors read partitions in parallel")
+        "spark", description="spark: a PySpark streaming data source, executors read partitions in parallel"
+    )
     reader: str = Field("connector.sources.eventhubs:sdk_reader", description="module:factory of the reader")
     reader_options: dict[str, str] = Field(default_factory=dict)
     checkpoint_connection_string: SecretStr | None = Field(
-        None, description="Azure Blob connection string: positions are mirrored to a BlobCheckpointStore")
+        None, description="Azure Blob connection string: positions are mirrored to a BlobCheckpointStore"
+    )
     checkpoint_container: str | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "SourceConfig":
+    def _check(self) -> SourceConfig:
         if self.type == "kafka" and not (self.bootstrap_servers and self.topics):
             raise ValueError("source.type = 'kafka' needs source.bootstrap_servers and source.topics")
         if self.type == "eventhubs-kafka":
             if not (self.namespace or self.bootstrap_servers) or not self.connection_string or not self.topics:
-                raise ValueError("source.type = 'eventhubs-kafka' needs source.namespace, "
-                                 "source.connection_string and source.topics")
+                raise ValueError(
+                    "source.type = 'eventhubs-kafka' needs source.namespace, source.connection_string and source.topics"
+                )
             cs = self.connection_string.get_secret_value()
             if "Endpoint=sb://" not in cs or "SharedAccessKey" not in cs:
-                raise ValueError("source.connection_string is not an Event Hubs connection string "
-                                 "(expected Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...)")
+                raise ValueError(
+                    "source.connection_string is not an Event Hubs connection string "
+                    "(expected Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...)"
+                )
         if self.type == "eventhubs":
-            if not self.connection_string or not (self.event_hub or "EntityPath=" in
-                                                  self.connection_string.get_secret_value()):
-                raise ValueError("source.type = 'eventhubs' needs source.connection_string and source.event_hub "
-                                 "(or an EntityPath in the connection string)")
+            if not self.connection_string or not (
+                self.event_hub or "EntityPath=" in self.connection_string.get_secret_value()
+            ):
+                raise ValueError(
+                    "source.type = 'eventhubs' needs source.connection_string and source.event_hub "
+                    "(or an EntityPath in the connection string)"
+                )
             if bool(self.checkpoint_connection_string) != bool(self.checkpoint_container):
                 raise ValueError("source.checkpoint_connection_string and source.checkpoint_container go together")
         return self
@@ -130,32 +147,42 @@ class SourceConfig(_Section):
         """Options of the Event Hubs reader (hold the secret)."""
         cs = self.connection_string.get_secret_value() if self.connection_string else ""
         hub = self.event_hub or cs.split("EntityPath=", 1)[-1].split(";", 1)[0]
-        return {"event_hub": hub, "connection_string": cs, "consumer_group": self.consumer_group,
-                "reader": self.reader, "starting_position": starting_text(self.starting_position),
-                **self.reader_options}
+        return {
+            "event_hub": hub,
+            "connection_string": cs,
+            "consumer_group": self.consumer_group,
+            "reader": self.reader,
+            "starting_position": starting_text(self.starting_position),
+            **self.reader_options,
+        }
 
     def kafka_stream_options(self) -> dict[str, str]:
         """Options of the Kafka streaming data source (hold the secret)."""
-        return {"kafka_settings": json.dumps(self.kafka_settings()), "topics": json.dumps(self.topics),
-                "starting_position": starting_text(self.starting_position),
-                "fail_on_data_loss": str(self.fail_on_data_loss).lower(),
-                "unavailable_timeout_seconds": str(self.unavailable_timeout_seconds)}
+        return {
+            "kafka_settings": json.dumps(self.kafka_settings()),
+            "topics": json.dumps(self.topics),
+            "starting_position": starting_text(self.starting_position),
+            "fail_on_data_loss": str(self.fail_on_data_loss).lower(),
+            "unavailable_timeout_seconds": str(self.unavailable_timeout_seconds),
+        }
 
     def kafka_settings(self) -> dict[str, str]:
         """librdkafka settings for the kafka and eventhubs-kafka sources (holds the secret)."""
         conf: dict[str, str] = {}
         if self.type == "eventhubs-kafka":
             conf = {
-                "bootstrap.servers": self.bootstrap_servers or f"{self.namespace}.servicebus.windows.net:"
-                                                               f"{EVENTHUBS_KAFKA_PORT}",
+                "bootstrap.servers": self.bootstrap_servers
+                or f"{self.namespace}.servicebus.windows.net:{EVENTHUBS_KAFKA_PORT}",
                 "security.protocol": self.security_protocol or "SASL_SSL",
                 "sasl.mechanisms": "PLAIN",
                 "sasl.username": "$ConnectionString",
                 "sasl.password": self.connection_string.get_secret_value(),  # type: ignore[union-attr]
             }
         else:
-            conf = {"bootstrap.servers": self.bootstrap_servers or "",
-                    "security.protocol": self.security_protocol or "PLAINTEXT"}
+            conf = {
+                "bootstrap.servers": self.bootstrap_servers or "",
+                "security.protocol": self.security_protocol or "PLAINTEXT",
+            }
             if self.sasl_mechanism:
                 conf["sasl.mechanisms"] = self.sasl_mechanism
             if self.sasl_username:
@@ -173,18 +200,27 @@ class CompactionConfig(_Section):
     tombstone_retention_hours: float = Field(24.0, ge=0.0)
     log_retention_hours: float = Field(24.0, gt=0.0, description="retention of the raw log (tier-checked)")
     between_batches: bool = Field(
-        False, description="compact the tables a batch touched after every ingest batch / micro-batch "
-                           "(else compaction runs after ingest in `run`, or as its own `compact` job)")
+        False,
+        description="compact the tables a batch touched after every ingest batch / micro-batch "
+        "(else compaction runs after ingest in `run`, or as its own `compact` job)",
+    )
 
 
 class MaintenanceConfig(_Section):
     enabled: bool = Field(True, description="after each compaction round, rewrite and expire what is due")
     snapshot_retention_hours: float = Field(
-        1.0, ge=0.0, description="snapshots kept (time travel); older ones are expired with their files, never "
-                                 "the newest one carrying the cleaner points or the ingest positions")
-    rewrite_files: int = Field(16, gt=0, description="rewrite a table's small files once it holds this many more "
-                                                     "data files than its bytes need (or a fifth of its rows are "
-                                                     "deleted), the log's manifests once it has more than this")
+        1.0,
+        ge=0.0,
+        description="snapshots kept (time travel); older ones are expired with their files, never "
+        "the newest one carrying the cleaner points or the ingest positions",
+    )
+    rewrite_files: int = Field(
+        16,
+        gt=0,
+        description="rewrite a table's small files once it holds this many more "
+        "data files than its bytes need (or a fifth of its rows are "
+        "deleted), the log's manifests once it has more than this",
+    )
 
 
 class LimitsConfig(_Section):
@@ -194,8 +230,9 @@ class LimitsConfig(_Section):
     max_columns: int = Field(1_000, gt=0, description="columns of an after-image")
     max_name_length: int = Field(128, gt=0, description="characters of a column name")
     max_table_name_length: int = Field(100, gt=0, le=200, description="characters of a table name")
-    max_value_bytes: int = Field(16 << 20, gt=0, description="bytes of a record's value (a dump's line), before "
-                                                             "it is parsed")
+    max_value_bytes: int = Field(
+        16 << 20, gt=0, description="bytes of a record's value (a dump's line), before it is parsed"
+    )
     max_new_columns: int = Field(1_000, gt=0, description="columns one compaction round may add to a table")
 
 
@@ -221,7 +258,8 @@ class CustomTier(_Section):
 class QuotaConfig(_Section):
     default_tier: str = "standard"
     policy: Literal["fail", "backpressure"] = Field(
-        "fail", description="fail: stop with QuotaExceededError; backpressure: pause the partition, compact, resume")
+        "fail", description="fail: stop with QuotaExceededError; backpressure: pause the partition, compact, resume"
+    )
     soft_threshold: float = Field(0.8, gt=0.0, le=1.0, description="warn when usage reaches this share of the quota")
     custom: dict[str, CustomTier] = Field(default_factory=dict, description="extra tiers by name")
 
@@ -237,8 +275,10 @@ class SparkConfig(_Section):
     @classmethod
     def _master(cls, v: str) -> str:
         if not re.match(r"^(local(\[(\*|\d+)(,\d+)?\])?|spark://\S+|k8s://\S+|yarn)$", v):
-            raise ValueError(f"{v!r} is not a Spark master: give local[2], local[*], spark://host:7077, "
-                             "k8s://https://host:443 or yarn")
+            raise ValueError(
+                f"{v!r} is not a Spark master: give local[2], local[*], spark://host:7077, "
+                "k8s://https://host:443 or yarn"
+            )
         return v
 
     @field_validator("driver_memory")
@@ -264,8 +304,11 @@ class Settings(BaseSettings):
 
     @classmethod
     def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         path = _CONFIG_FILE.get()
@@ -286,11 +329,16 @@ class Settings(BaseSettings):
 
     def decoder(self):
         """The decoder these settings describe (key fields, key format, limits)."""
-        from connector.debezium import Decoder, DecodeLimits
+        from connector.debezium import DecodeLimits, Decoder
 
         lim = self.limits
-        return Decoder(self.key_fields(), self.source.keys, DecodeLimits(
-            lim.max_depth, lim.max_columns, lim.max_name_length, lim.max_table_name_length, lim.max_value_bytes))
+        return Decoder(
+            self.key_fields(),
+            self.source.keys,
+            DecodeLimits(
+                lim.max_depth, lim.max_columns, lim.max_name_length, lim.max_table_name_length, lim.max_value_bytes
+            ),
+        )
 
     def key_fields(self) -> dict[str, list[str]]:
         return {t: c.key_fields for t, c in self.tables.items() if c.key_fields}
@@ -302,8 +350,11 @@ NOT_SETTINGS = frozenset({"CONFIG", "CRASH_AT", "FAIL_AT", "FUZZ_RECORDS"})
 
 def _unknown_environment() -> list[str]:
     known = {name.upper() for name in Settings.model_fields}
-    return sorted(k for k in os.environ if k.startswith("CDCLAKE_")
-                  and k[len("CDCLAKE_"):].split("__", 1)[0] not in known | NOT_SETTINGS)
+    return sorted(
+        k
+        for k in os.environ
+        if k.startswith("CDCLAKE_") and k[len("CDCLAKE_") :].split("__", 1)[0] not in known | NOT_SETTINGS
+    )
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
@@ -314,8 +365,10 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         raise ConfigError(f"config file {str(path)!r} does not exist")
     unknown = _unknown_environment()
     if unknown:
-        raise ConfigError(f"unknown environment variable {', '.join(unknown)}: settings are CDCLAKE_<SECTION>__<KEY> "
-                          f"with a section of {', '.join(sorted(Settings.model_fields))}")
+        raise ConfigError(
+            f"unknown environment variable {', '.join(unknown)}: settings are CDCLAKE_<SECTION>__<KEY> "
+            f"with a section of {', '.join(sorted(Settings.model_fields))}"
+        )
     token = _CONFIG_FILE.set(Path(path) if path else None)
     try:
         return Settings(**overrides)
@@ -326,7 +379,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML in UTF-8: {e}") from None
     except SettingsError as e:  # a CDCLAKE_* value that should be JSON (a section, a list) is not
-        raise ConfigError(f"invalid CDCLAKE_* environment variable: {e} (sections and lists are JSON, e.g. "
-                          "CDCLAKE_SOURCE__TOPICS='[\"a\", \"b\"]')") from None
+        raise ConfigError(
+            f"invalid CDCLAKE_* environment variable: {e} (sections and lists are JSON, e.g. "
+            'CDCLAKE_SOURCE__TOPICS=\'["a", "b"]\')'
+        ) from None
     finally:
         _CONFIG_FILE.reset(token)

@@ -12,11 +12,12 @@ import base64
 import binascii
 import json
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal, DecimalException
 from functools import lru_cache
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import orjson
 
@@ -28,9 +29,23 @@ OPS = frozenset("cudrt")
 MAX_TOPICS = 10_000  # bound of the learned topic -> table map
 MAX_DECIMAL_PRECISION = 38  # Spark's and Iceberg's
 # names the state table gives its metadata columns (`iceberg.layouts.META_COLUMNS`)
-RESERVED_COLUMNS = frozenset({"_key", "_topic", "_partition_id", "_offset", "_sequence_number", "_enqueued_time",
-                              "_op", "_snapshot", "_source_ts", "_source_position", "_payload_bytes",
-                              "deleted_at", "expires_at"})
+RESERVED_COLUMNS = frozenset(
+    {
+        "_key",
+        "_topic",
+        "_partition_id",
+        "_offset",
+        "_sequence_number",
+        "_enqueued_time",
+        "_op",
+        "_snapshot",
+        "_source_ts",
+        "_source_position",
+        "_payload_bytes",
+        "deleted_at",
+        "expires_at",
+    }
+)
 UNROUTABLE = "unroutable"  # the dead letters of records whose topic names no usable table
 
 
@@ -55,9 +70,17 @@ _TABLE_CHARS = re.compile(r"[^a-z0-9_]+")
 # schema (`float`, `double`: JsonSchema's FLOAT_TYPE_NAME / DOUBLE_TYPE_NAME) and Connect's
 # own enum names (`float32`, `float64`), which some tools print.
 _PRIMITIVE = {
-    "int8": "int", "int16": "int", "int32": "int", "int64": "bigint",
-    "float": "float", "double": "double", "float32": "float", "float64": "double",
-    "boolean": "boolean", "string": "string", "bytes": "binary",
+    "int8": "int",
+    "int16": "int",
+    "int32": "int",
+    "int64": "bigint",
+    "float": "float",
+    "double": "double",
+    "float32": "float",
+    "float64": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "binary",
 }
 
 
@@ -74,8 +97,11 @@ def table_name(text: str, max_length: int = DecodeLimits.max_table_name_length) 
     if not name:
         raise DecodeError("route", f"cannot derive a table name from {text!r}")
     if len(name) > max_length:
-        raise DecodeError("route", f"table name {name[:40]!r}... has {len(name)} characters, over the limit of "
-                                   f"{max_length} (limits.max_table_name_length)")
+        raise DecodeError(
+            "route",
+            f"table name {name[:40]!r}... has {len(name)} characters, over the limit of "
+            f"{max_length} (limits.max_table_name_length)",
+        )
     return name
 
 
@@ -91,6 +117,7 @@ def _ts_micros(micros: int) -> str:
 def _decimal(scale: int, precision: int | None) -> Callable[[Any], str]:
     """Connect's Decimal (big-endian two's complement bytes, base64 in JSON) as exact text;
     a value with more digits than the column's precision is refused, never rounded."""
+
     def convert(v: Any) -> str:
         raw = base64.b64decode(v, validate=True) if isinstance(v, str) else bytes(v)
         unscaled = int.from_bytes(raw, "big", signed=True)
@@ -175,14 +202,18 @@ def _normalise(after: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tu
         codecs = {f["field"]: _field_codec(f) for f in schema.get("fields", []) if isinstance(f, dict)}
         values, types = {}, {}
         for col, v in after.items():
-            stype, convert = codecs.get(col) or (_infer_type(v), _json_text if isinstance(v, (dict, list)) else (lambda x: x))
+            stype, convert = codecs.get(col) or (
+                _infer_type(v),
+                _json_text if isinstance(v, (dict, list)) else (lambda x: x),
+            )
             try:
                 values[col] = None if v is None else convert(v)
             except DecodeError as e:
                 raise DecodeError("value", f"column {col!r}: {e.detail}") from None
             except (ValueError, TypeError, OverflowError, ArithmeticError, DecimalException, binascii.Error) as e:
-                raise DecodeError("value", f"column {col!r}: {v!r} is not a {stype} ({type(e).__name__}: {e})"
-                                  ) from None
+                raise DecodeError(
+                    "value", f"column {col!r}: {v!r} is not a {stype} ({type(e).__name__}: {e})"
+                ) from None
             if stype:
                 types[col] = stype
         return values, types
@@ -192,21 +223,29 @@ def _normalise(after: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tu
 def _check_image(after: Mapping[str, Any], limits: DecodeLimits) -> None:
     """Column names a table can hold, and not too many of them (reasons `schema`, `limit`)."""
     if len(after) > limits.max_columns:
-        raise DecodeError("limit", f"the after-image has {len(after)} columns, over the limit of "
-                                   f"{limits.max_columns} (limits.max_columns)")
+        raise DecodeError(
+            "limit",
+            f"the after-image has {len(after)} columns, over the limit of {limits.max_columns} (limits.max_columns)",
+        )
     seen: dict[str, str] = {}
     for col in after:
         if not col or not col.strip():
             raise DecodeError("schema", "a column has an empty name")
         if len(col) > limits.max_name_length:
-            raise DecodeError("limit", f"column {col[:40]!r}... has a name of {len(col)} characters, over the limit "
-                                       f"of {limits.max_name_length} (limits.max_name_length)")
+            raise DecodeError(
+                "limit",
+                f"column {col[:40]!r}... has a name of {len(col)} characters, over the limit "
+                f"of {limits.max_name_length} (limits.max_name_length)",
+            )
         if col in RESERVED_COLUMNS:
             raise DecodeError("schema", f"column {col!r} has the name of a metadata column of the state table")
         other = seen.setdefault(col.lower(), col)
         if other != col:
-            raise DecodeError("schema", f"columns {other!r} and {col!r} differ only in case (Spark and Iceberg "
-                                        "resolve names case-insensitively)")
+            raise DecodeError(
+                "schema",
+                f"columns {other!r} and {col!r} differ only in case (Spark and Iceberg "
+                "resolve names case-insensitively)",
+            )
 
 
 def _depth(doc: Any) -> int:
@@ -278,14 +317,19 @@ def _unwrap_flattened(payload: Mapping[str, Any]) -> dict[str, Any]:
     """ExtractNewRecordState output -> an envelope (`__deleted`, `__op`, `__source_*`)."""
     row = {k: v for k, v in payload.items() if not k.startswith("__")}
     meta = {k[2:]: v for k, v in payload.items() if k.startswith("__")}
-    source = {k[len("source_"):]: v for k, v in meta.items() if k.startswith("source_")}
+    source = {k[len("source_") :]: v for k, v in meta.items() if k.startswith("source_")}
     for name in ("lsn", "file", "pos", "row", "commit_lsn", "change_lsn", "event_serial_no", "table", "db", "snapshot"):
         if name in meta and name not in source:
             source[name] = meta[name]
     deleted = str(meta.get("deleted", "false")).lower() == "true"
     op = "d" if deleted else str(meta.get("op") or "u")
-    return {"op": op, "before": row if deleted else None, "after": None if deleted else row,
-            "source": source or None, "ts_ms": meta.get("ts_ms")}
+    return {
+        "op": op,
+        "before": row if deleted else None,
+        "after": None if deleted else row,
+        "source": source or None,
+        "ts_ms": meta.get("ts_ms"),
+    }
 
 
 KeyFormat = Literal["json", "text"]
@@ -300,15 +344,19 @@ def _key_text(raw: bytes) -> str | None:
     try:
         key = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise DecodeError("key", f"record key is not JSON ({e}); Debezium keys are JSON objects, or set "
-                                 "source.key_format = 'text'") from None
+        raise DecodeError(
+            "key", f"record key is not JSON ({e}); Debezium keys are JSON objects, or set source.key_format = 'text'"
+        ) from None
     if isinstance(key, dict) and len(key) == 2 and "schema" in key and "payload" in key:
         key = key["payload"]
     if key is None:
         return None
     if type(key) is not dict:
-        raise DecodeError("key", f"record key is a JSON {type(key).__name__}, not an object; Debezium keys are "
-                                 "JSON objects, or set source.key_format = 'text'")
+        raise DecodeError(
+            "key",
+            f"record key is a JSON {type(key).__name__}, not an object; Debezium keys are "
+            "JSON objects, or set source.key_format = 'text'",
+        )
     return canonical(key)
 
 
@@ -326,6 +374,7 @@ def key_text(raw: bytes, key_format: KeyFormat) -> str | None:
 
 def key_text_or_none(key_format: KeyFormat) -> Callable[[bytes], str | None]:
     """`key_text` with None for a key that is not valid (the per-record route then names why)."""
+
     def one(raw: bytes) -> str | None:
         try:
             return key_text(raw, key_format)
@@ -349,8 +398,12 @@ class Decoder:
     routed to the table its topic carried.
     """
 
-    def __init__(self, key_fields: Mapping[str, Sequence[str]] | None = None, key_format: KeyFormat = "json",
-                 limits: DecodeLimits = DecodeLimits()):
+    def __init__(
+        self,
+        key_fields: Mapping[str, Sequence[str]] | None = None,
+        key_format: KeyFormat = "json",
+        limits: DecodeLimits = DecodeLimits(),
+    ):
         self.key_fields = {t: tuple(f) for t, f in (key_fields or {}).items()}
         self.key_format = key_format
         self.limits = limits
@@ -389,8 +442,7 @@ class Decoder:
             table = _source_table(source["table"], self.limits.max_table_name_length)
             self.learn(topic, table)
             return table
-        return self._topic_tables.get(topic) or table_name(topic.rsplit(".", 1)[-1],
-                                                           self.limits.max_table_name_length)
+        return self._topic_tables.get(topic) or table_name(topic.rsplit(".", 1)[-1], self.limits.max_table_name_length)
 
     def _record_key(self, record: SourceRecord) -> str | None:
         return None if record.key is None else key_text(record.key, self.key_format)
@@ -399,8 +451,11 @@ class Decoder:
         if record.value is None:
             return self._tombstone(record)
         if len(record.value) > self.limits.max_value_bytes:
-            raise DecodeError("limit", f"the value has {len(record.value):,} bytes, over the limit of "
-                                       f"{self.limits.max_value_bytes:,} (limits.max_value_bytes)")
+            raise DecodeError(
+                "limit",
+                f"the value has {len(record.value):,} bytes, over the limit of "
+                f"{self.limits.max_value_bytes:,} (limits.max_value_bytes)",
+            )
         doc = parse_value(record.value, self.limits)
         schema = None
         if type(doc) is dict and len(doc) == 2 and "schema" in doc and "payload" in doc:
@@ -429,8 +484,9 @@ class Decoder:
         if op == "t":
             return ChangeEvent(record, table, None, op, snapshot, False, position, ts_ms)
         if op == "d":
-            return ChangeEvent(record, table, self._key(record, table, doc.get("before")), op, snapshot, False,
-                               position, ts_ms)
+            return ChangeEvent(
+                record, table, self._key(record, table, doc.get("before")), op, snapshot, False, position, ts_ms
+            )
         after = doc.get("after")
         if type(after) is not dict:
             raise DecodeError("envelope", f"op {op!r} without an 'after' image")

@@ -14,17 +14,35 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 T0 = 1_763_700_000_000  # ms
 
 
 def _pg(op: str, before: dict | None, after: dict | None, lsn: int, ts: int, snapshot: str = "false") -> dict:
-    return {"before": before, "after": after, "op": op, "ts_ms": ts, "transaction": None, "source": {
-        "version": "2.7.3.Final", "connector": "postgresql", "name": "pg", "ts_ms": ts, "snapshot": snapshot,
-        "db": "shop", "sequence": json.dumps([None, str(lsn)]), "schema": "inventory", "table": "customers",
-        "txId": 700 + lsn % 97, "lsn": lsn, "xmin": None}}
+    return {
+        "before": before,
+        "after": after,
+        "op": op,
+        "ts_ms": ts,
+        "transaction": None,
+        "source": {
+            "version": "2.7.3.Final",
+            "connector": "postgresql",
+            "name": "pg",
+            "ts_ms": ts,
+            "snapshot": snapshot,
+            "db": "shop",
+            "sequence": json.dumps([None, str(lsn)]),
+            "schema": "inventory",
+            "table": "customers",
+            "txId": 700 + lsn % 97,
+            "lsn": lsn,
+            "xmin": None,
+        },
+    }
 
 
 def _decimal(v: str, scale: int) -> str:
@@ -36,17 +54,33 @@ _ORDER_FIELDS = [
     {"type": "int32", "optional": False, "field": "order_number"},
     {"type": "int32", "optional": False, "name": "io.debezium.time.Date", "version": 1, "field": "order_date"},
     {"type": "int32", "optional": False, "field": "purchaser"},
-    {"type": "bytes", "optional": False, "name": "org.apache.kafka.connect.data.Decimal",
-     "parameters": {"scale": "2", "connect.decimal.precision": "10"}, "field": "total"},
+    {
+        "type": "bytes",
+        "optional": False,
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+        "field": "total",
+    },
     {"type": "string", "optional": True, "field": "status"},
 ]
-_ORDER_SCHEMA = {"type": "struct", "name": "my.shop.orders.Envelope", "optional": False, "fields": [
-    {"type": "struct", "fields": _ORDER_FIELDS, "optional": True, "name": "my.shop.orders.Value", "field": "before"},
-    {"type": "struct", "fields": _ORDER_FIELDS, "optional": True, "name": "my.shop.orders.Value", "field": "after"},
-    {"type": "struct", "optional": False, "field": "source", "fields": []},
-    {"type": "string", "optional": False, "field": "op"},
-    {"type": "int64", "optional": True, "field": "ts_ms"},
-]}
+_ORDER_SCHEMA = {
+    "type": "struct",
+    "name": "my.shop.orders.Envelope",
+    "optional": False,
+    "fields": [
+        {
+            "type": "struct",
+            "fields": _ORDER_FIELDS,
+            "optional": True,
+            "name": "my.shop.orders.Value",
+            "field": "before",
+        },
+        {"type": "struct", "fields": _ORDER_FIELDS, "optional": True, "name": "my.shop.orders.Value", "field": "after"},
+        {"type": "struct", "optional": False, "field": "source", "fields": []},
+        {"type": "string", "optional": False, "field": "op"},
+        {"type": "int64", "optional": True, "field": "ts_ms"},
+    ],
+}
 
 
 def _order(n: int, day: int, who: int, total: str, status: str) -> dict:
@@ -54,64 +88,133 @@ def _order(n: int, day: int, who: int, total: str, status: str) -> dict:
 
 
 def _my(op: str, before: dict | None, after: dict | None, pos: int, ts: int, snapshot: str = "false") -> dict:
-    payload = {"before": before, "after": after, "op": op, "ts_ms": ts, "transaction": None, "source": {
-        "version": "2.7.3.Final", "connector": "mysql", "name": "my", "ts_ms": ts, "snapshot": snapshot,
-        "db": "shop", "sequence": None, "table": "orders", "server_id": 223344, "gtid": None,
-        "file": "mysql-bin.000004", "pos": pos, "row": 0, "thread": 7, "query": None}}
+    payload = {
+        "before": before,
+        "after": after,
+        "op": op,
+        "ts_ms": ts,
+        "transaction": None,
+        "source": {
+            "version": "2.7.3.Final",
+            "connector": "mysql",
+            "name": "my",
+            "ts_ms": ts,
+            "snapshot": snapshot,
+            "db": "shop",
+            "sequence": None,
+            "table": "orders",
+            "server_id": 223344,
+            "gtid": None,
+            "file": "mysql-bin.000004",
+            "pos": pos,
+            "row": 0,
+            "thread": 7,
+            "query": None,
+        },
+    }
     return {"schema": _ORDER_SCHEMA, "payload": payload}
 
 
 def _ms(op: str, after: dict | None, before: dict | None, lsn: str, serial: int, ts: int) -> dict:
-    return {"before": before, "after": after, "op": op, "ts_ms": ts, "transaction": None, "source": {
-        "version": "2.7.3.Final", "connector": "sqlserver", "name": "ms", "ts_ms": ts, "snapshot": "false",
-        "db": "shop", "sequence": None, "schema": "dbo", "table": "products", "change_lsn": lsn,
-        "commit_lsn": lsn, "event_serial_no": serial}}
+    return {
+        "before": before,
+        "after": after,
+        "op": op,
+        "ts_ms": ts,
+        "transaction": None,
+        "source": {
+            "version": "2.7.3.Final",
+            "connector": "sqlserver",
+            "name": "ms",
+            "ts_ms": ts,
+            "snapshot": "false",
+            "db": "shop",
+            "sequence": None,
+            "schema": "dbo",
+            "table": "products",
+            "change_lsn": lsn,
+            "commit_lsn": lsn,
+            "event_serial_no": serial,
+        },
+    }
 
 
 def demo_events() -> Iterator[dict[str, Any]]:
     """kcat -J style records, in topic/partition order of arrival."""
     out: list[tuple[str, int, Any, Any]] = []
     cust = "pg.inventory.customers"
-    people = {1: ("Sally", "sally@acme.com"), 2: ("George", "george@bailey.org"), 3: ("Edward", "ed@walker.com"),
-              4: ("Anne", "anne@kretchmar.net")}
+    people = {
+        1: ("Sally", "sally@acme.com"),
+        2: ("George", "george@bailey.org"),
+        3: ("Edward", "ed@walker.com"),
+        4: ("Anne", "anne@kretchmar.net"),
+    }
     for i, (name, mail) in people.items():
-        out.append((cust, i % 2, {"id": i}, _pg("r", None, {"id": i, "name": name, "email": mail}, 1000, T0,
-                                                 "last" if i == 4 else "true")))
+        out.append(
+            (
+                cust,
+                i % 2,
+                {"id": i},
+                _pg("r", None, {"id": i, "name": name, "email": mail}, 1000, T0, "last" if i == 4 else "true"),
+            )
+        )
     out.append((cust, 1, {"id": 5}, _pg("c", None, {"id": 5, "name": "Pam", "email": "pam@office.com"}, 1100, T0 + 10)))
     stale = _pg("u", None, {"id": 2, "name": "George", "email": "george@old.example"}, 1150, T0 + 15)
     out.append((cust, 0, {"id": 2}, stale))
-    out.append((cust, 0, {"id": 2}, _pg("u", None, {"id": 2, "name": "George B.", "email": "gb@bailey.org"}, 1200,
-                                         T0 + 20)))
+    out.append(
+        (cust, 0, {"id": 2}, _pg("u", None, {"id": 2, "name": "George B.", "email": "gb@bailey.org"}, 1200, T0 + 20))
+    )
     out.append((cust, 1, {"id": 3}, _pg("d", {"id": 3}, None, 1300, T0 + 30)))
     out.append((cust, 1, {"id": 3}, None))
     # primary-key change 1 -> 10: delete + tombstone of the old key, create of the new key
     out.append((cust, 1, {"id": 1}, _pg("d", {"id": 1}, None, 1400, T0 + 40)))
     out.append((cust, 1, {"id": 1}, None))
-    out.append((cust, 0, {"id": 10}, _pg("c", None, {"id": 10, "name": "Sally", "email": "sally@acme.com"}, 1400,
-                                          T0 + 40)))
+    out.append(
+        (cust, 0, {"id": 10}, _pg("c", None, {"id": 10, "name": "Sally", "email": "sally@acme.com"}, 1400, T0 + 40))
+    )
     late = [(cust, 0, {"id": 2}, stale)]  # late replay of an old update: stale, ignored
 
     orders = "my.shop.orders"
     for n in (1001, 1002, 1003):
-        out.append((orders, 0, {"order_number": n}, _my("r", None, _order(n, 20400, 1, "19.99", "new"), 157, T0,
-                                                         "true")))
-    out.append((orders, 0, {"order_number": 1004}, _my("c", None, _order(1004, 20410, 2, "5.00", "new"), 400,
-                                                        T0 + 5)))
-    out.append((orders, 0, {"order_number": 1001}, _my("u", None, _order(1001, 20400, 1, "24.50", "paid"), 500,
-                                                        T0 + 25)))
-    out.append((orders, 0, {"order_number": 1002}, _my("d", _order(1002, 20400, 1, "19.99", "new"), None, 600,
-                                                        T0 + 35)))
+        out.append(
+            (orders, 0, {"order_number": n}, _my("r", None, _order(n, 20400, 1, "19.99", "new"), 157, T0, "true"))
+        )
+    out.append((orders, 0, {"order_number": 1004}, _my("c", None, _order(1004, 20410, 2, "5.00", "new"), 400, T0 + 5)))
+    out.append(
+        (orders, 0, {"order_number": 1001}, _my("u", None, _order(1001, 20400, 1, "24.50", "paid"), 500, T0 + 25))
+    )
+    out.append(
+        (orders, 0, {"order_number": 1002}, _my("d", _order(1002, 20400, 1, "19.99", "new"), None, 600, T0 + 35))
+    )
     out.append((orders, 0, {"order_number": 1002}, None))
     # an incremental-snapshot row read before the streamed update above: must not win
-    late.append((orders, 0, {"order_number": 1001}, _my("r", None, _order(1001, 20400, 1, "19.99", "new"), 450,
-                                                         T0 + 45, "incremental")))
+    late.append(
+        (
+            orders,
+            0,
+            {"order_number": 1001},
+            _my("r", None, _order(1001, 20400, 1, "19.99", "new"), 450, T0 + 45, "incremental"),
+        )
+    )
 
     products = "ms.dbo.products"
     for i, (name, w) in enumerate([("scooter", 3.14), ("car battery", 8.1), ("hammer", 0.75)], start=101):
-        out.append((products, 0, {"id": i}, _ms("c", {"id": i, "name": name, "weight": w}, None,
-                                                f"00000025:00000{i}:0002", 1, T0 + i)))
-    out.append((products, 0, {"id": 101}, _ms("u", {"id": 101, "name": "scooter", "weight": 5.18}, None,
-                                              "00000026:00000010:0002", 1, T0 + 300)))
+        out.append(
+            (
+                products,
+                0,
+                {"id": i},
+                _ms("c", {"id": i, "name": name, "weight": w}, None, f"00000025:00000{i}:0002", 1, T0 + i),
+            )
+        )
+    out.append(
+        (
+            products,
+            0,
+            {"id": 101},
+            _ms("u", {"id": 101, "name": "scooter", "weight": 5.18}, None, "00000026:00000010:0002", 1, T0 + 300),
+        )
+    )
     out.append((products, 0, {"id": 102}, "{not json"))
 
     offsets: dict[tuple[str, int], int] = {}
@@ -119,8 +222,15 @@ def demo_events() -> Iterator[dict[str, Any]]:
         off = offsets.get((topic, part), 0)
         offsets[(topic, part)] = off + 1
         payload = value if isinstance(value, str) or value is None else json.dumps(value)
-        yield {"topic": topic, "partition": part, "offset": off, "ts": T0 + off * 1000, "broker": 0,
-               "key": json.dumps(key), "payload": payload}
+        yield {
+            "topic": topic,
+            "partition": part,
+            "offset": off,
+            "ts": T0 + off * 1000,
+            "broker": 0,
+            "key": json.dumps(key),
+            "payload": payload,
+        }
 
 
 LATE_EVENTS = 2  # the last records of the file arrive after a first compaction

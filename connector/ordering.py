@@ -32,8 +32,9 @@ an earlier enqueued time on any other stream.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from connector.errors import DecodeError
 
@@ -80,7 +81,7 @@ class Truncate:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Truncate":
+    def from_json(cls, text: str) -> Truncate:
         d = json.loads(text)
         return cls(**{**d, "position": tuple(d["position"]) if d.get("position") is not None else None})
 
@@ -90,15 +91,24 @@ def newest_truncate(truncates: Iterable[Truncate | None], ordering: Ordering) ->
     return max(known, key=lambda t: t.newness(ordering)) if known else None
 
 
-def older_than_truncate(position: Position | None, snapshot: bool, topic: str, partition: int,
-                        sequence_number: int, enqueued_us: int, truncate: Truncate, ordering: Ordering) -> bool:
+def older_than_truncate(
+    position: Position | None,
+    snapshot: bool,
+    topic: str,
+    partition: int,
+    sequence_number: int,
+    enqueued_us: int,
+    truncate: Truncate,
+    ordering: Ordering,
+) -> bool:
     """Whether a change is older than the truncate (see the module docstring)."""
     if ordering == "log":
         if (topic, partition) == (truncate.topic, truncate.partition):
             return sequence_number < truncate.sequence_number
         return enqueued_us < truncate.enqueued_us
-    return (order_key(position, snapshot, partition, sequence_number, ordering)
-            < order_key(truncate.position, truncate.snapshot, truncate.partition, truncate.sequence_number, ordering))
+    return order_key(position, snapshot, partition, sequence_number, ordering) < order_key(
+        truncate.position, truncate.snapshot, truncate.partition, truncate.sequence_number, ordering
+    )
 
 
 def carry_positions(positions: Iterable[Position | None]) -> list[Position | None]:

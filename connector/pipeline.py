@@ -14,11 +14,12 @@ import gc
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -140,7 +141,7 @@ def batch_gc(young: int = 100_000) -> Iterator[None]:
         gc.set_threshold(*saved)
 
 
-def _caps(gate: "QuotaGate | None", sink: str) -> dict[str, int]:
+def _caps(gate: QuotaGate | None, sink: str) -> dict[str, int]:
     if gate is None or not sink.endswith(LOG_SUFFIX):
         return {}
     return gate.caps(sink[: -len(LOG_SUFFIX)])
@@ -154,7 +155,7 @@ def ingest(
     batch_size: int,
     on_batch: Callable[[IngestStats], None] | None = None,
     max_records: int | None = None,
-    gate: "QuotaGate | None" = None,
+    gate: QuotaGate | None = None,
     make_room: Callable[[list[str]], dict[str, dict[str, int]]] | None = None,
 ) -> IngestStats:
     """Ingest until the source is caught up (or `max_records` were read).
@@ -173,9 +174,16 @@ def ingest(
         sinks.close()
 
 
-def _ingest(source: Source, sinks: Sinks, decoder: Decoder, batch_size: int,
-            on_batch: Callable[[IngestStats], None] | None, max_records: int | None, gate: "QuotaGate | None",
-            make_room: Callable[[list[str]], dict[str, dict[str, int]]] | None) -> IngestStats:
+def _ingest(
+    source: Source,
+    sinks: Sinks,
+    decoder: Decoder,
+    batch_size: int,
+    on_batch: Callable[[IngestStats], None] | None,
+    max_records: int | None,
+    gate: QuotaGate | None,
+    make_room: Callable[[list[str]], dict[str, dict[str, int]]] | None,
+) -> IngestStats:
     stats = IngestStats()
     stuck: dict[tuple[str, str], int] = {}
     while True:
@@ -202,9 +210,17 @@ def _ingest(source: Source, sinks: Sinks, decoder: Decoder, batch_size: int,
         gate.reset(make_room(tables))
 
 
-def _one_pass(source: Source, sinks: "Sinks", decoder: Decoder, batch_size: int, stats: IngestStats,
-              on_batch: Callable[[IngestStats], None] | None, max_records: int | None,
-              gate: "QuotaGate | None", fail_fast: bool) -> None:
+def _one_pass(
+    source: Source,
+    sinks: Sinks,
+    decoder: Decoder,
+    batch_size: int,
+    stats: IngestStats,
+    on_batch: Callable[[IngestStats], None] | None,
+    max_records: int | None,
+    gate: QuotaGate | None,
+    fail_fast: bool,
+) -> None:
     queued: IngestStats | None = None  # the stats as of the batch whose appends are queued
 
     def settled() -> None:  # that batch is committed: its positions go to the source, its stats to the hook
@@ -240,12 +256,18 @@ def _per_stream(rows: pa.Table, **aggregates: tuple[str, str]) -> dict[str, dict
     return {s: {name: cols[name][i] for name in aggregates} for i, s in enumerate(grouped["_stream"].to_pylist())}
 
 
-def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: IngestStats,
-                  gate: "QuotaGate | None" = None, settled: Callable[[], None] = lambda: None) -> list:
+def _ingest_batch(
+    batch: RecordBatch,
+    sinks: Sinks,
+    decoder: Decoder,
+    stats: IngestStats,
+    gate: QuotaGate | None = None,
+    settled: Callable[[], None] = lambda: None,
+) -> list:
     """Decodes one batch while the previous one's appends run; once they are committed, calls
     `settled` and queues this batch's appends to every table it touches. Returns the quota
     refusals."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     decoded = decode_batch(decoder, batch, now)
     sinks.settle()
     settled()
@@ -255,7 +277,9 @@ def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: Ing
             over = pc.greater(rows.table["payload_bytes"], gate.quota(table).max_event_bytes)
             if pc.any(over).as_py():
                 for record in batch.records(rows.idx.filter(over).to_pylist()):
-                    decoded.letters[table].append(DeadLetter(record, table, "size", gate.oversize(table, record.nbytes)))
+                    decoded.letters[table].append(
+                        DeadLetter(record, table, "size", gate.oversize(table, record.nbytes))
+                    )
                 events[table] = rows.keep(pc.invert(over))
     for table, letters in decoded.letters.items():
         for d in letters:
@@ -307,8 +331,15 @@ def _ingest_batch(batch: RecordBatch, sinks: Sinks, decoder: Decoder, stats: Ing
 
 
 def ingest_spark_stream(
-    spark: Any, source: type, options: Mapping[str, str], catalog: Catalog, namespace: str, decoder: Decoder,
-    batch_size: int, gate: "QuotaGate | None" = None, on_batch: Callable[[IngestStats], None] | None = None,
+    spark: Any,
+    source: type,
+    options: Mapping[str, str],
+    catalog: Catalog,
+    namespace: str,
+    decoder: Decoder,
+    batch_size: int,
+    gate: QuotaGate | None = None,
+    on_batch: Callable[[IngestStats], None] | None = None,
     mirror: Any = None,
 ) -> IngestStats:
     """A PySpark streaming data source (`source`, run with availableNow): every micro-batch goes
@@ -324,7 +355,7 @@ def ingest_spark_stream(
     def on_records(records: list[SourceRecord]) -> None:
         try:
             for i in range(0, len(records), batch_size):
-                chunk = records[i: i + batch_size]
+                chunk = records[i : i + batch_size]
                 refused = _ingest_batch(RecordBatch.of(chunk), sinks, decoder, stats, gate)
                 sinks.settle()
                 if mirror is not None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from connector.config import Settings
 
 
-def load_catalog(settings: "Settings") -> SqlCatalog:
+def load_catalog(settings: Settings) -> SqlCatalog:
     """The pyiceberg catalog, with the namespace created if missing.
 
     Raises ConfigError when the work directory cannot be written."""
@@ -27,8 +27,10 @@ def load_catalog(settings: "Settings") -> SqlCatalog:
         probe.touch()
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"work_dir {str(settings.root)!r} cannot be written ({e.strerror or e}): set work_dir "
-                          "(or CDCLAKE_WORK_DIR) to a writable directory") from None
+        raise ConfigError(
+            f"work_dir {str(settings.root)!r} cannot be written ({e.strerror or e}): set work_dir "
+            "(or CDCLAKE_WORK_DIR) to a writable directory"
+        ) from None
     catalog = SqlCatalog(
         settings.catalog.name, uri=settings.catalog_uri, warehouse=settings.warehouse, **settings.catalog.properties
     )
@@ -43,7 +45,7 @@ def jdbc_uri(sqlalchemy_uri: str) -> str:
     """`sqlite:////abs/path.db` (SQLAlchemy) -> `jdbc:sqlite:/abs/path.db` (sqlite-jdbc)."""
     prefix = "sqlite:///"
     if sqlalchemy_uri.startswith(prefix):
-        return "jdbc:sqlite:" + sqlalchemy_uri[len(prefix):]
+        return "jdbc:sqlite:" + sqlalchemy_uri[len(prefix) :]
     if sqlalchemy_uri.startswith("postgresql"):
         rest = sqlalchemy_uri.split("://", 1)[1].split("@")[-1]
         return "jdbc:postgresql://" + rest

@@ -27,38 +27,42 @@ def _req(name: str, t: pa.DataType) -> pa.Field:
     return pa.field(name, t, nullable=False)
 
 
-LOG_SCHEMA = pa.schema([
-    _req("topic", pa.string()),
-    _req("partition", pa.int32()),
-    _req("offset", pa.string()),
-    _req("sequence_number", pa.int64()),
-    _req("enqueued_time", UTC_TS),
-    pa.field("key", pa.string()),
-    _req("op", pa.string()),
-    _req("snapshot", pa.bool_()),
-    _req("tombstone", pa.bool_()),
-    pa.field("source_position", pa.list_(pa.int64())),
-    pa.field("source_ts_ms", pa.int64()),
-    pa.field("after", pa.string()),
-    pa.field("after_types", pa.string()),
-    pa.field("value", pa.binary()),
-    _req("payload_bytes", pa.int64()),
-    pa.field("headers", pa.string()),
-    _req("ingested_at", UTC_TS),
-])
+LOG_SCHEMA = pa.schema(
+    [
+        _req("topic", pa.string()),
+        _req("partition", pa.int32()),
+        _req("offset", pa.string()),
+        _req("sequence_number", pa.int64()),
+        _req("enqueued_time", UTC_TS),
+        pa.field("key", pa.string()),
+        _req("op", pa.string()),
+        _req("snapshot", pa.bool_()),
+        _req("tombstone", pa.bool_()),
+        pa.field("source_position", pa.list_(pa.int64())),
+        pa.field("source_ts_ms", pa.int64()),
+        pa.field("after", pa.string()),
+        pa.field("after_types", pa.string()),
+        pa.field("value", pa.binary()),
+        _req("payload_bytes", pa.int64()),
+        pa.field("headers", pa.string()),
+        _req("ingested_at", UTC_TS),
+    ]
+)
 
-DEAD_LETTER_SCHEMA = pa.schema([
-    _req("topic", pa.string()),
-    _req("partition", pa.int32()),
-    _req("offset", pa.string()),
-    _req("sequence_number", pa.int64()),
-    _req("enqueued_time", UTC_TS),
-    pa.field("key", pa.binary()),
-    pa.field("value", pa.binary()),
-    _req("reason", pa.string()),
-    _req("detail", pa.string()),
-    _req("ingested_at", UTC_TS),
-])
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        _req("topic", pa.string()),
+        _req("partition", pa.int32()),
+        _req("offset", pa.string()),
+        _req("sequence_number", pa.int64()),
+        _req("enqueued_time", UTC_TS),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        _req("reason", pa.string()),
+        _req("detail", pa.string()),
+        _req("ingested_at", UTC_TS),
+    ]
+)
 
 # Metadata columns of the state and tombstone tables (Spark DDL). `_key` is the
 # compaction key; the ordering fields of the winning event are kept so a later (or late)
@@ -80,9 +84,17 @@ TOMBSTONE_EXTRA = [("deleted_at", "timestamp"), ("expires_at", "timestamp")]
 # A stale event: who it is, where it was in the log, and why it was ignored
 # (`iceberg.compaction.dedupe.STALE_REASONS`).
 STALE_COLUMNS = [
-    ("_key", "string"), ("_topic", "string"), ("_partition_id", "int"), ("_offset", "string"),
-    ("_sequence_number", "bigint"), ("_enqueued_time", "timestamp"), ("_op", "string"), ("_snapshot", "boolean"),
-    ("_source_position", "array<bigint>"), ("reason", "string"), ("compacted_at", "timestamp"),
+    ("_key", "string"),
+    ("_topic", "string"),
+    ("_partition_id", "int"),
+    ("_offset", "string"),
+    ("_sequence_number", "bigint"),
+    ("_enqueued_time", "timestamp"),
+    ("_op", "string"),
+    ("_snapshot", "boolean"),
+    ("_source_position", "array<bigint>"),
+    ("reason", "string"),
+    ("compacted_at", "timestamp"),
 ]
 
 

@@ -9,7 +9,7 @@ written in the commit that adds the rows, and recovered by walking the snapshot 
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 import pyarrow as pa
 from pyiceberg.table import Table
@@ -37,7 +37,9 @@ def committed_positions(table: Table) -> dict[str, int]:
     return {k: int(v) for k, v in json.loads(raw).items()} if raw else {}
 
 
-def append_with_positions(table: Table, rows: pa.Table, positions: Mapping[str, int], crash_tag: str = "ingest") -> None:
+def append_with_positions(
+    table: Table, rows: pa.Table, positions: Mapping[str, int], crash_tag: str = "ingest"
+) -> None:
     """Append `rows` (possibly none) and record `positions` in the same snapshot."""
     props = {POSITIONS_PROPERTY: json.dumps(dict(sorted(positions.items())), separators=(",", ":"))}
     with table.transaction() as tx:

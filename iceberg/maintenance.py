@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -67,8 +67,9 @@ def rewrite_due(shape: TableShape, policy: MaintenancePolicy) -> bool:
     make at bin-pack's smallest size it leaves alone means at least that many files it
     joins; the deleted share is handed to it as its `delete-ratio-threshold`."""
     needed = max(1, -(-shape.data_bytes // int(SMALL * shape.target_file_bytes)))
-    return (shape.data_files - needed >= policy.rewrite_files
-            or (shape.records > 0 and shape.deleted_rows >= DELETED_RATIO * shape.records))
+    return shape.data_files - needed >= policy.rewrite_files or (
+        shape.records > 0 and shape.deleted_rows >= DELETED_RATIO * shape.records
+    )
 
 
 def expire_before(snapshots: list[tuple[int, bool]], now_ms: int, policy: MaintenancePolicy) -> int | None:
@@ -81,15 +82,20 @@ def expire_before(snapshots: list[tuple[int, bool]], now_ms: int, policy: Mainte
     return cutoff if due >= policy.expire_batch else None
 
 
-def shape_of(table: "Table") -> TableShape:
+def shape_of(table: Table) -> TableShape:
     snapshot = table.current_snapshot()
     if snapshot is None or snapshot.summary is None:
         return TableShape()
     p = snapshot.summary.additional_properties
     number = lambda k: int(p.get(k, 0))  # noqa: E731
-    return TableShape(number("total-data-files"), number("total-delete-files"), number("total-files-size"),
-                      number("total-records"), number("total-position-deletes"),
-                      int(table.properties.get("write.target-file-size-bytes", TARGET_FILE_BYTES)))
+    return TableShape(
+        number("total-data-files"),
+        number("total-delete-files"),
+        number("total-files-size"),
+        number("total-records"),
+        number("total-position-deletes"),
+        int(table.properties.get("write.target-file-size-bytes", TARGET_FILE_BYTES)),
+    )
 
 
 def sql_literal(text: str) -> str:
@@ -110,8 +116,9 @@ class Upkeep:
     append_only: bool = False
 
 
-def maintain(spark: "SparkSession", catalog: "Catalog", catalog_name: str, tables: list[Upkeep],
-             policy: MaintenancePolicy) -> list[str]:
+def maintain(
+    spark: SparkSession, catalog: Catalog, catalog_name: str, tables: list[Upkeep], policy: MaintenancePolicy
+) -> list[str]:
     """Rewrites and expires what is due in `tables`; returns what it did, e.g.
     ["rewrite ns.t", "rewrite manifests ns.t__log", "expire ns.t (12)"]."""
     if not policy.enabled:
@@ -122,17 +129,20 @@ def maintain(spark: "SparkSession", catalog: "Catalog", catalog_name: str, table
         try:
             done += _maintain_one(spark, catalog, call, t, policy)
         except Exception as e:  # the round is committed; maintenance is tried again after the next one
-            log.warning("maintenance of %s failed (%s: %s); the round's changes are committed, and maintenance is "
-                        "tried again after the next round (`[maintenance] enabled = false` turns it off)",
-                        t.name, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            log.warning(
+                "maintenance of %s failed (%s: %s); the round's changes are committed, and maintenance is "
+                "tried again after the next round (`[maintenance] enabled = false` turns it off)",
+                t.name,
+                type(e).__name__,
+                str(e).splitlines()[0] if str(e) else "",
+            )
             done.append(f"failed {t.name}: {type(e).__name__}")
     if done:
         log.info("maintenance: %s", ", ".join(done))
     return done
 
 
-def _maintain_one(spark: "SparkSession", catalog: "Catalog", call: str, t: Upkeep, policy: MaintenancePolicy
-                  ) -> list[str]:
+def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, policy: MaintenancePolicy) -> list[str]:
     done = []
     name, marker = t.name, t.marker
     table = catalog.load_table(name)
@@ -143,19 +153,25 @@ def _maintain_one(spark: "SparkSession", catalog: "Catalog", call: str, t: Upkee
             done.append(f"rewrite manifests {name}")
             table = catalog.load_table(name)
     elif rewrite_due(shape_of(table), policy):
-        spark.sql(f"{call}rewrite_data_files(table => {sql_literal(name)}, options => map('min-input-files', '2', "
-                  f"'delete-ratio-threshold', '{DELETED_RATIO}'))")
-        spark.sql(f"{call}rewrite_position_delete_files(table => {sql_literal(name)}, "
-                  "options => map('rewrite-all', 'true'))")
+        spark.sql(
+            f"{call}rewrite_data_files(table => {sql_literal(name)}, options => map('min-input-files', '2', "
+            f"'delete-ratio-threshold', '{DELETED_RATIO}'))"
+        )
+        spark.sql(
+            f"{call}rewrite_position_delete_files(table => {sql_literal(name)}, options => map('rewrite-all', 'true'))"
+        )
         done.append(f"rewrite {name}")
         table = catalog.load_table(name)
-    snapshots = [(s.timestamp_ms, bool(marker and s.summary and marker in s.summary.additional_properties))
-                 for s in table.snapshots()]
-    now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)  # snapshots carry wall-clock times
+    snapshots = [
+        (s.timestamp_ms, bool(marker and s.summary and marker in s.summary.additional_properties))
+        for s in table.snapshots()
+    ]
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)  # snapshots carry wall-clock times
     cutoff = expire_before(snapshots, now_ms, policy)
     if cutoff is not None:
-        when = datetime.fromtimestamp(cutoff / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
-        spark.sql(f"{call}expire_snapshots(table => {sql_literal(name)}, older_than => TIMESTAMP '{when}', "
-                  "retain_last => 1)")
+        when = datetime.fromtimestamp(cutoff / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+        spark.sql(
+            f"{call}expire_snapshots(table => {sql_literal(name)}, older_than => TIMESTAMP '{when}', retain_last => 1)"
+        )
         done.append(f"expire {name} ({sum(1 for ts, _ in snapshots if ts < cutoff)})")
     return done

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 DEFAULT_JARS_DIR = Path(__file__).resolve().parents[1] / ".cache" / "jars"
 
 
-def spark_jars(settings: "Settings") -> list[str]:
+def spark_jars(settings: Settings) -> list[str]:
     jars_dir = Path(settings.spark.jars_dir) if settings.spark.jars_dir else DEFAULT_JARS_DIR
     jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
     if not any("iceberg-spark-runtime" in j for j in jars):
@@ -29,7 +29,7 @@ def spark_jars(settings: "Settings") -> list[str]:
     return jars
 
 
-def configure_spark(builder: "SparkSession.Builder", settings: "Settings") -> "SparkSession.Builder":
+def configure_spark(builder: SparkSession.Builder, settings: Settings) -> SparkSession.Builder:
     """Takes a builder, returns it with jars, the Iceberg extensions and the catalog set."""
     name = settings.catalog.name
     prefix = f"spark.sql.catalog.{name}"
@@ -62,7 +62,7 @@ def configure_spark(builder: "SparkSession.Builder", settings: "Settings") -> "S
     return builder
 
 
-def get_spark(settings: "Settings") -> "SparkSession":
+def get_spark(settings: Settings) -> SparkSession:
     """The process's Spark session (created once; later calls return the same one)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

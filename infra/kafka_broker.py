@@ -35,8 +35,21 @@ def fetch_jars() -> Path:
     if stamp.exists() and stamp.stat().st_mtime >= POM.stat().st_mtime:
         return JARS
     JARS.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mvn", "-q", "-B", "-s", str(SETTINGS), "-f", str(POM), "dependency:copy-dependencies",
-                    f"-DoutputDirectory={JARS}", "-DincludeScope=runtime"], check=True)
+    subprocess.run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-s",
+            str(SETTINGS),
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={JARS}",
+            "-DincludeScope=runtime",
+        ],
+        check=True,
+    )
     stamp.touch()
     return JARS
 
@@ -85,22 +98,30 @@ class KafkaBroker:
         listeners = [f"PLAINTEXT://127.0.0.1:{p['plain']}", f"CONTROLLER://127.0.0.1:{p['controller']}"]
         advertised = [f"PLAINTEXT://127.0.0.1:{p['plain']}"]
         lines = [
-            "process.roles=broker,controller", "node.id=1",
+            "process.roles=broker,controller",
+            "node.id=1",
             f"controller.quorum.voters=1@127.0.0.1:{p['controller']}",
-            "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
-            f"log.dirs={self.dir / 'data'}", "num.partitions=1", "offsets.topic.replication.factor=1",
-            "transaction.state.log.replication.factor=1", "transaction.state.log.min.isr=1",
-            "group.initial.rebalance.delay.ms=0", "auto.create.topics.enable=false",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            f"log.dirs={self.dir / 'data'}",
+            "num.partitions=1",
+            "offsets.topic.replication.factor=1",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=false",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
         ]
         if self.sasl_password is not None:
             listeners.append(f"SASL_PLAINTEXT://127.0.0.1:{p['sasl']}")
             advertised.append(f"SASL_PLAINTEXT://127.0.0.1:{p['sasl']}")
             secret = self.sasl_password.replace("\\", "\\\\").replace('"', '\\"')
-            lines += ["sasl.enabled.mechanisms=PLAIN",
-                      "listener.name.sasl_plaintext.plain.sasl.jaas.config="
-                      "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                      f'user_{SASL_USER}="{secret}";']
+            lines += [
+                "sasl.enabled.mechanisms=PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'user_{SASL_USER}="{secret}";',
+            ]
         lines += ["listeners=" + ",".join(listeners), "advertised.listeners=" + ",".join(advertised)]
         path = self.dir / "server.properties"
         path.write_text("\n".join(lines) + "\n")
@@ -109,14 +130,18 @@ class KafkaBroker:
     def _java(self, main: str, *args: str) -> list[str]:
         return ["java", "-Xmx512m", "-cp", f"{fetch_jars()}/*", main, *args]
 
-    def start(self, timeout: float = 60.0) -> "KafkaBroker":
+    def start(self, timeout: float = 60.0) -> KafkaBroker:
         props = self._properties()
         if not (self.dir / "data" / "meta.properties").exists():
-            subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", uuid.uuid4().hex[:22],
-                                      "-c", str(props)), check=True, capture_output=True)
+            subprocess.run(
+                self._java("kafka.tools.StorageTool", "format", "-t", uuid.uuid4().hex[:22], "-c", str(props)),
+                check=True,
+                capture_output=True,
+            )
         log = open(self.dir / "broker.log", "ab")
-        self.proc = subprocess.Popen(self._java("kafka.Kafka", str(props)), stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self._java("kafka.Kafka", str(props)), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         (self.dir / "broker.pid").write_text(str(self.proc.pid))
         _wait_port(self.ports["plain"], timeout, self.proc)
         return self

@@ -10,6 +10,6 @@ class QuotaConfigError(ConnectorError):
 class QuotaExceededError(ConnectorError):
     """A partition would exceed its tier's compacted size. Nothing of it was committed."""
 
-    def __init__(self, refusals: list["Refusal"]):  # noqa: F821 - defined in quotas.admit
+    def __init__(self, refusals: list[Refusal]):  # noqa: F821 - defined in quotas.admit
         self.refusals = refusals
         super().__init__("; ".join(r.message() for r in refusals))

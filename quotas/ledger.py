@@ -7,8 +7,9 @@ partitions than its tier allows (QuotaConfigError), so at most tables x max_part
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from quotas.admit import Refusal, event_too_large, refuse, validate_table
 from quotas.errors import QuotaConfigError
@@ -21,12 +22,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def tiers(settings: "Settings") -> dict[str, TierQuota]:
+def tiers(settings: Settings) -> dict[str, TierQuota]:
     custom = {n: TierQuota(n, **c.model_dump()) for n, c in settings.quotas.custom.items()}
     return {**TIERS, **custom}
 
 
-def table_quota(settings: "Settings", table: str) -> TierQuota:
+def table_quota(settings: Settings, table: str) -> TierQuota:
     cfg = settings.tables.get(table)
     name = (cfg.tier if cfg and cfg.tier else None) or settings.quotas.default_tier
     known = tiers(settings)
@@ -35,19 +36,24 @@ def table_quota(settings: "Settings", table: str) -> TierQuota:
         raise QuotaConfigError(f"{key} = {name!r}: unknown tier (known: {sorted(known)}; add one under quotas.custom)")
     quota = known[name]
     if cfg:
-        quota = quota.with_overrides(max_event_bytes=cfg.max_event_bytes,
-                                     compacted_bytes_per_partition=cfg.compacted_bytes_per_partition)
+        quota = quota.with_overrides(
+            max_event_bytes=cfg.max_event_bytes, compacted_bytes_per_partition=cfg.compacted_bytes_per_partition
+        )
     return quota
 
 
-def validate(settings: "Settings", table: str) -> TierQuota:
+def validate(settings: Settings, table: str) -> TierQuota:
     """The table's quota, after checking its settings against the tier."""
     cfg = settings.tables.get(table)
     quota = table_quota(settings, table)
     validate_table(
-        table, quota, compaction=cfg.compaction if cfg else True, partitions=cfg.partitions if cfg else None,
-        log_retention_hours=(cfg.log_retention_hours if cfg and cfg.log_retention_hours
-                             else settings.compaction.log_retention_hours),
+        table,
+        quota,
+        compaction=cfg.compaction if cfg else True,
+        partitions=cfg.partitions if cfg else None,
+        log_retention_hours=(
+            cfg.log_retention_hours if cfg and cfg.log_retention_hours else settings.compaction.log_retention_hours
+        ),
         tombstone_retention_hours=settings.compaction.tombstone_retention_hours,
     )
     return quota
@@ -55,7 +61,7 @@ def validate(settings: "Settings", table: str) -> TierQuota:
 
 @dataclass
 class QuotaGate:
-    settings: "Settings"
+    settings: Settings
     usage: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> stream -> bytes
     paused: dict[tuple[str, str], Refusal] = field(default_factory=dict)
     _quotas: dict[str, TierQuota] = field(default_factory=dict)
@@ -74,8 +80,10 @@ class QuotaGate:
         quota = self.quota(table)
         streams = set(self.usage.get(table, {})) | set(incoming)
         if len(streams) > quota.max_partitions:
-            raise QuotaConfigError(f"table {table!r} receives from {len(streams)} partitions; the {quota.name} "
-                                   f"tier allows {quota.max_partitions}")
+            raise QuotaConfigError(
+                f"table {table!r} receives from {len(streams)} partitions; the {quota.name} "
+                f"tier allows {quota.max_partitions}"
+            )
         fresh = {s: v for s, v in incoming.items() if (table, s) not in self.paused}
         refusals = refuse(table, quota, self.usage.get(table, {}), fresh)
         for r in refusals:
@@ -108,5 +116,12 @@ class QuotaGate:
         QUOTA.labels(table, stream).set(limit)
         if used >= self.settings.quotas.soft_threshold * limit and (table, stream) not in self._warned:
             self._warned.add((table, stream))
-            log.warning("table %s partition %s uses %s of %s bytes (%.0f%% of the %s tier quota): compact, or "
-                        "raise the tier", table, stream, f"{used:,}", f"{limit:,}", 100 * used / limit, quota.name)
+            log.warning(
+                "table %s partition %s uses %s of %s bytes (%.0f%% of the %s tier quota): compact, or raise the tier",
+                table,
+                stream,
+                f"{used:,}",
+                f"{limit:,}",
+                100 * used / limit,
+                quota.name,
+            )

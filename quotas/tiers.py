@@ -32,7 +32,7 @@ class TierQuota:
     max_retention_days: int
     consumer_groups: int
 
-    def with_overrides(self, **overrides: int | None) -> "TierQuota":
+    def with_overrides(self, **overrides: int | None) -> TierQuota:
         """A per-table variant; None values leave the tier's figure."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 

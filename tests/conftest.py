@@ -21,9 +21,19 @@ def fixtures() -> Path:
 
 def kcat_lines(topic: str, values: list, keys: list, partition: int = 0, ts0: int = 1_700_000_000_000) -> list[str]:
     """kcat -J records for raw values (str or None) with JSON-able keys."""
-    return [json.dumps({"topic": topic, "partition": partition, "offset": i, "ts": ts0 + i,
-                        "key": None if k is None else json.dumps(k), "payload": v})
-            for i, (k, v) in enumerate(zip(keys, values))]
+    return [
+        json.dumps(
+            {
+                "topic": topic,
+                "partition": partition,
+                "offset": i,
+                "ts": ts0 + i,
+                "key": None if k is None else json.dumps(k),
+                "payload": v,
+            }
+        )
+        for i, (k, v) in enumerate(zip(keys, values))
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -39,9 +49,9 @@ def settings(work_root: Path) -> Settings:
 
 @pytest.fixture(scope="session")
 def spark(work_root: Path):
-    from iceberg.spark import get_spark
-
     import os
+
+    from iceberg.spark import get_spark
 
     # Python workers import test helpers (the Event Hubs fake reader) too
     root = str(Path(__file__).resolve().parents[1])
@@ -68,7 +78,9 @@ def kafka(tmp_path_factory):
     broker.stop()
 
 
-AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="  # public dev key
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="  # public dev key
+)
 
 
 @pytest.fixture(scope="session")
@@ -84,9 +96,22 @@ def azurite(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([str(exe), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
-                             str(tmp_path_factory.mktemp("azurite")), "--skipApiVersionCheck", "--loose",
-                             "--disableTelemetry"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            str(exe),
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            str(tmp_path_factory.mktemp("azurite")),
+            "--skipApiVersionCheck",
+            "--loose",
+            "--disableTelemetry",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -96,7 +121,9 @@ def azurite(tmp_path_factory):
     else:
         proc.kill()
         pytest.fail("Azurite did not start")
-    yield (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};"
-           f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;")
+    yield (
+        f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
+    )
     proc.terminate()
     proc.wait(10)

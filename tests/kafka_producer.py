@@ -18,15 +18,31 @@ from confluent_kafka import Producer
 
 def main(bootstrap: str, topic: str, n: int, out: str, go_file: str | None = None) -> None:
     rng = random.Random(7)
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                  "message.timeout.ms": 120000, "linger.ms": 5})
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": 120000,
+            "linger.ms": 5,
+        }
+    )
     delivered = open(out, "w")
 
     def on_delivery(err, msg):
         if err is not None:
             raise SystemExit(f"delivery failed: {err}")
-        delivered.write(json.dumps({"partition": msg.partition(), "offset": msg.offset(),
-                                    "key": msg.key().decode(), "tombstone": msg.value() is None}) + "\n")
+        delivered.write(
+            json.dumps(
+                {
+                    "partition": msg.partition(),
+                    "offset": msg.offset(),
+                    "key": msg.key().decode(),
+                    "tombstone": msg.value() is None,
+                }
+            )
+            + "\n"
+        )
 
     table = topic.rsplit(".", 1)[1]
     for i in range(n):
@@ -37,8 +53,13 @@ def main(bootstrap: str, topic: str, n: int, out: str, go_file: str | None = Non
                 time.sleep(0.2)
         key = rng.randrange(20)
         op = rng.choice(["c", "u", "u", "d"])
-        value = json.dumps({"op": op, "after": None if op == "d" else {"id": key, "i": i},
-                            "source": {"connector": "postgresql", "table": table, "lsn": 1000 + i}})
+        value = json.dumps(
+            {
+                "op": op,
+                "after": None if op == "d" else {"id": key, "i": i},
+                "source": {"connector": "postgresql", "table": table, "lsn": 1000 + i},
+            }
+        )
         p.produce(topic, key=json.dumps({"id": key}), value=value, partition=key % 2, on_delivery=on_delivery)
         if op == "d":
             p.produce(topic, key=json.dumps({"id": key}), value=None, partition=key % 2, on_delivery=on_delivery)

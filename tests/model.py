@@ -97,8 +97,13 @@ def stale_events(rounds: list[list], ordering: str) -> list[tuple[int, int, str]
                 if seen:
                     top, top_p = max(seen, key=lambda x: _order(x[0], x[1], ordering))
                     if _order(e, p, ordering) < _order(top, top_p, ordering):
-                        reason = ("older_than_tombstone" if top.op == "d" else
-                                  "snapshot_after_stream" if e.snapshot and not top.snapshot else "older_than_state")
+                        reason = (
+                            "older_than_tombstone"
+                            if top.op == "d"
+                            else "snapshot_after_stream"
+                            if e.snapshot and not top.snapshot
+                            else "older_than_state"
+                        )
                         out.append((e.record.partition, e.record.sequence_number, reason))
                 seen.append((e, p))
     return sorted(out)

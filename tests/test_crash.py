@@ -21,13 +21,19 @@ TABLES = ("customers", "orders", "products")
 
 
 def cli(work: Path, events: Path, *args: str, crash: str | None = None) -> int:
-    env = {**os.environ, "CDCLAKE_WORK_DIR": str(work), "CDCLAKE_SOURCE__PATH": str(events),
-           "CDCLAKE_SOURCE__BATCH_SIZE": "4", "CDCLAKE_SPARK__SHUFFLE_PARTITIONS": "2"}
+    env = {
+        **os.environ,
+        "CDCLAKE_WORK_DIR": str(work),
+        "CDCLAKE_SOURCE__PATH": str(events),
+        "CDCLAKE_SOURCE__BATCH_SIZE": "4",
+        "CDCLAKE_SPARK__SHUFFLE_PARTITIONS": "2",
+    }
     env.pop("CDCLAKE_CRASH_AT", None)
     if crash:
         env["CDCLAKE_CRASH_AT"] = crash
-    return subprocess.run([sys.executable, "-m", "connector.cli", *args], env=env, capture_output=True,
-                          timeout=300).returncode
+    return subprocess.run(
+        [sys.executable, "-m", "connector.cli", *args], env=env, capture_output=True, timeout=300
+    ).returncode
 
 
 def snapshot_of(work: Path) -> dict[str, list]:

@@ -38,12 +38,24 @@ def safe_log_rows(s, table):
 
 
 def connector(s, topic: str) -> subprocess.Popen:
-    env = {**os.environ, "CDCLAKE_WORK_DIR": str(s.work_dir), "CDCLAKE_CATALOG__NAMESPACE": s.catalog.namespace,
-           "CDCLAKE_SOURCE__TYPE": "kafka", "CDCLAKE_SOURCE__BOOTSTRAP_SERVERS": s.source.bootstrap_servers,
-           "CDCLAKE_SOURCE__TOPICS": json.dumps([topic]), "CDCLAKE_SOURCE__BATCH_SIZE": "50",
-           "CDCLAKE_SOURCE__UNAVAILABLE_TIMEOUT_SECONDS": "60", "CDCLAKE_SPARK__SHUFFLE_PARTITIONS": "2"}
-    return subprocess.Popen([sys.executable, "-m", "connector.cli", "run", "--every", "1"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {
+        **os.environ,
+        "CDCLAKE_WORK_DIR": str(s.work_dir),
+        "CDCLAKE_CATALOG__NAMESPACE": s.catalog.namespace,
+        "CDCLAKE_SOURCE__TYPE": "kafka",
+        "CDCLAKE_SOURCE__BOOTSTRAP_SERVERS": s.source.bootstrap_servers,
+        "CDCLAKE_SOURCE__TOPICS": json.dumps([topic]),
+        "CDCLAKE_SOURCE__BATCH_SIZE": "50",
+        "CDCLAKE_SOURCE__UNAVAILABLE_TIMEOUT_SECONDS": "60",
+        "CDCLAKE_SPARK__SHUFFLE_PARTITIONS": "2",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "connector.cli", "run", "--every", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def test_exactly_once_across_broker_restart_and_connector_kill(spark, settings, kafka, tmp_path):
@@ -51,8 +63,18 @@ def test_exactly_once_across_broker_restart_and_connector_kill(spark, settings, 
     table = topic.rsplit(".", 1)[1]
     s = kafka_settings(settings, kafka, topic)
     delivered = tmp_path / "delivered.jsonl"
-    producer = subprocess.Popen([sys.executable, str(ROOT / "tests" / "kafka_producer.py"), kafka.bootstrap, topic,
-                                 "400", str(delivered), str(tmp_path / "go")], cwd=ROOT)
+    producer = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "kafka_producer.py"),
+            kafka.bootstrap,
+            topic,
+            "400",
+            str(delivered),
+            str(tmp_path / "go"),
+        ],
+        cwd=ROOT,
+    )
     run = connector(s, topic)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(safe_log_rows(s, table)) < 20:
@@ -78,8 +100,20 @@ def test_exactly_once_across_broker_restart_and_connector_kill(spark, settings, 
     assert got == sorted((e["partition"], e["offset"]) for e in sent)  # nothing lost, nothing twice
     run_compaction(s, [table], force=True)
     decoder = Decoder()
-    events = [decoder.decode(SourceRecord(r["topic"], r["partition"], r["offset"], r["sequence_number"],
-                                          r["enqueued_time"], r["key"].encode(), r["value"])) for r in rows]
+    events = [
+        decoder.decode(
+            SourceRecord(
+                r["topic"],
+                r["partition"],
+                r["offset"],
+                r["sequence_number"],
+                r["enqueued_time"],
+                r["key"].encode(),
+                r["value"],
+            )
+        )
+        for r in rows
+    ]
     state, tombs = expected_tables(events, "source")
     assert offsets_by_key(s, names(s, table).state) == state
     assert offsets_by_key(s, names(s, table).tombstones) == tombs

@@ -8,8 +8,9 @@ positions into the source's own tooling (consumer groups, blob checkpoints).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from connector.records import SourceRecord
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from connector.config import SourceConfig
 
 
-def initial_position(starting: "str | int | datetime", low: int, high: int, at_time: Callable[[datetime], int]) -> int:
+def initial_position(starting: str | int | datetime, low: int, high: int, at_time: Callable[[datetime], int]) -> int:
     """Where a partition with no committed position starts: `low`/`high` are the first retained
     and the next position; a number is clamped into them; a time is looked up by `at_time`."""
     if starting == "earliest":
@@ -39,7 +40,7 @@ class Source(ABC):
     def poll(self, max_records: int) -> list[SourceRecord]:
         """Up to `max_records` records in log order per partition; [] when caught up."""
 
-    def poll_batch(self, max_records: int) -> "RecordBatch":
+    def poll_batch(self, max_records: int) -> RecordBatch:
         """`poll` as Arrow columns; sources that can read columns directly override it."""
         from connector.batch import RecordBatch
 
@@ -51,14 +52,14 @@ class Source(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and files."""
 
-    def __enter__(self) -> "Source":
+    def __enter__(self) -> Source:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def load_source(config: "SourceConfig") -> Source:
+def load_source(config: SourceConfig) -> Source:
     if config.type == "file":
         from connector.sources.file import FileSource
 
@@ -66,18 +67,28 @@ def load_source(config: "SourceConfig") -> Source:
     if config.type in ("kafka", "eventhubs-kafka"):
         from connector.sources.kafka import KafkaSource
 
-        return KafkaSource(config.kafka_settings(), config.topics, config.group_id, config.starting_position,
-                           config.fail_on_data_loss, config.unavailable_timeout_seconds)
+        return KafkaSource(
+            config.kafka_settings(),
+            config.topics,
+            config.group_id,
+            config.starting_position,
+            config.fail_on_data_loss,
+            config.unavailable_timeout_seconds,
+        )
     if config.type == "eventhubs":
         from connector.sources.eventhubs import EventHubsSource, load_reader
 
         options = config.eventhubs_options()
-        return EventHubsSource(load_reader(config.reader, options), options["event_hub"], config.starting_position,
-                               checkpoint_mirror(config))
+        return EventHubsSource(
+            load_reader(config.reader, options),
+            options["event_hub"],
+            config.starting_position,
+            checkpoint_mirror(config),
+        )
     raise ValueError(f"source.type={config.type!r}: unknown (supported: file, kafka, eventhubs-kafka, eventhubs)")
 
 
-def checkpoint_mirror(config: "SourceConfig"):
+def checkpoint_mirror(config: SourceConfig):
     """A CheckpointMirror on the configured blob container, or None."""
     if not config.checkpoint_connection_string:
         return None
@@ -88,5 +99,6 @@ def checkpoint_mirror(config: "SourceConfig"):
     options = config.eventhubs_options()
     fqns = options["connection_string"].split("Endpoint=sb://", 1)[-1].split("/", 1)[0].split(";", 1)[0]
     store = BlobCheckpointStore.from_connection_string(
-        config.checkpoint_connection_string.get_secret_value(), config.checkpoint_container)
+        config.checkpoint_connection_string.get_secret_value(), config.checkpoint_container
+    )
     return CheckpointMirror(store, fqns, options["event_hub"], config.consumer_group)

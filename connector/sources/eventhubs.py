@@ -17,8 +17,9 @@ import importlib
 import json
 import logging
 import threading
-from datetime import datetime, timezone
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from connector.config import starting_value
 from connector.errors import SourceError
@@ -41,7 +42,7 @@ class PartitionReader(Protocol):
         """The sequence number of the first event enqueued at or after `when` (else the end)."""
 
 
-def initial_sequence_number(reader: PartitionReader, pid: str, starting: "str | int | datetime", end: int) -> int:
+def initial_sequence_number(reader: PartitionReader, pid: str, starting: str | int | datetime, end: int) -> int:
     """`initial_position` for an Event Hubs partition (0: the reader starts at the first retained event)."""
     return initial_position(starting, 0, end, lambda when: reader.sequence_number_at(pid, when))
 
@@ -61,13 +62,19 @@ def record_from_event(event_hub: str, partition_id: str, event: Any) -> SourceRe
         value = _bytes(body)
     else:  # AMQP data sections arrive as a generator of bytes
         value = b"".join(_bytes(part) or b"" for part in body)
-    enqueued = event.enqueued_time or datetime.now(timezone.utc)
-    headers = tuple((k.decode() if isinstance(k, bytes) else str(k), _bytes(v))
-                    for k, v in (event.properties or {}).items())
+    enqueued = event.enqueued_time or datetime.now(UTC)
+    headers = tuple(
+        (k.decode() if isinstance(k, bytes) else str(k), _bytes(v)) for k, v in (event.properties or {}).items()
+    )
     return SourceRecord(
-        topic=event_hub, partition=int(partition_id), offset=str(event.offset),
-        sequence_number=int(event.sequence_number), enqueued_time=enqueued,
-        key=_bytes(event.partition_key), value=value, headers=headers,
+        topic=event_hub,
+        partition=int(partition_id),
+        offset=str(event.offset),
+        sequence_number=int(event.sequence_number),
+        enqueued_time=enqueued,
+        key=_bytes(event.partition_key),
+        value=value,
+        headers=headers,
     )
 
 
@@ -78,7 +85,8 @@ class SdkPartitionReader:
         from azure.eventhub import EventHubConsumerClient
 
         self._client = lambda: EventHubConsumerClient.from_connection_string(
-            connection_string, consumer_group=consumer_group, eventhub_name=event_hub, **client)
+            connection_string, consumer_group=consumer_group, eventhub_name=event_hub, **client
+        )
         self._meta = self._client()
         self._where = f"event hub {event_hub!r} at {_endpoint(connection_string)}"
 
@@ -90,14 +98,18 @@ class SdkPartitionReader:
             return call()
         except EventHubError as e:
             detail = " ".join(str(e).split())[:300]
-            raise SourceError(f"{self._where}: {what} failed: {type(e).__name__}: {detail}; check "
-                              "source.connection_string and that the namespace is reachable") from None
+            raise SourceError(
+                f"{self._where}: {what} failed: {type(e).__name__}: {detail}; check "
+                "source.connection_string and that the namespace is reachable"
+            ) from None
 
     def partition_ids(self) -> list[str]:
         return list(self._ask("listing partitions", self._meta.get_partition_ids))
 
     def end_sequence_number(self, partition_id: str) -> int:
-        props = self._ask(f"reading partition {partition_id}", lambda: self._meta.get_partition_properties(partition_id))
+        props = self._ask(
+            f"reading partition {partition_id}", lambda: self._meta.get_partition_properties(partition_id)
+        )
         return -1 if props["is_empty"] else int(props["last_enqueued_sequence_number"]) + 1
 
     def sequence_number_at(self, partition_id: str, when: datetime) -> int:
@@ -107,16 +119,25 @@ class SdkPartitionReader:
     def read(self, partition_id: str, from_sequence_number: int, max_events: int) -> Sequence[Any]:
         return self._receive(partition_id, from_sequence_number, max_events)
 
-    def _receive(self, partition_id: str, start: "int | datetime", max_events: int) -> Sequence[Any]:
+    def _receive(self, partition_id: str, start: int | datetime, max_events: int) -> Sequence[Any]:
         client, got, done = self._client(), [], threading.Event()
 
         def on_batch(_ctx, events):
             got.extend(events)
             done.set()
 
-        worker = threading.Thread(target=client.receive_batch, kwargs=dict(
-            on_event_batch=on_batch, partition_id=partition_id, starting_position=start,
-            starting_position_inclusive=True, max_batch_size=max_events, max_wait_time=5), daemon=True)
+        worker = threading.Thread(
+            target=client.receive_batch,
+            kwargs=dict(
+                on_event_batch=on_batch,
+                partition_id=partition_id,
+                starting_position=start,
+                starting_position_inclusive=True,
+                max_batch_size=max_events,
+                max_wait_time=5,
+            ),
+            daemon=True,
+        )
         worker.start()
         done.wait(60)
         client.close()
@@ -136,15 +157,22 @@ def load_reader(spec: str, options: Mapping[str, str]) -> PartitionReader:
 
 
 def sdk_reader(options: Mapping[str, str]) -> PartitionReader:
-    return SdkPartitionReader(options["connection_string"], options["event_hub"],
-                              options.get("consumer_group", "$Default"))
+    return SdkPartitionReader(
+        options["connection_string"], options["event_hub"], options.get("consumer_group", "$Default")
+    )
 
 
 class EventHubsSource(Source):
     """Reads every partition from the committed position up to the end seen at seek time."""
 
-    def __init__(self, reader: PartitionReader, event_hub: str, starting_position: "str | int | datetime" = "earliest",
-                 checkpoints: "CheckpointMirror | None" = None, read_size: int = 1000):
+    def __init__(
+        self,
+        reader: PartitionReader,
+        event_hub: str,
+        starting_position: str | int | datetime = "earliest",
+        checkpoints: CheckpointMirror | None = None,
+        read_size: int = 1000,
+    ):
         self.reader, self.event_hub, self.starting = reader, event_hub, starting_position
         self.checkpoints, self.read_size = checkpoints, read_size
         self._next: dict[str, int] = {}
@@ -157,8 +185,11 @@ class EventHubsSource(Source):
             stream = stream_id(self.event_hub, int(pid))
             end = self.reader.end_sequence_number(pid)
             self._end[pid] = max(end, 0)
-            self._next[pid] = positions.get(stream) if stream in positions else initial_sequence_number(
-                self.reader, pid, self.starting, self._end[pid])
+            self._next[pid] = (
+                positions.get(stream)
+                if stream in positions
+                else initial_sequence_number(self.reader, pid, self.starting, self._end[pid])
+            )
 
     def poll(self, max_records: int) -> list[SourceRecord]:
         out: list[SourceRecord] = []
@@ -167,9 +198,11 @@ class EventHubsSource(Source):
                 want = min(self.read_size, max_records - len(out), self._end[pid] - self._next[pid])
                 events = self.reader.read(pid, self._next[pid], want)
                 if not events:
-                    raise SourceError(f"event hub {self.event_hub!r} partition {pid}: no events from sequence "
-                                      f"number {self._next[pid]} although the partition ends at {self._end[pid]}; "
-                                      "they may have expired (retention): check the hub's retention")
+                    raise SourceError(
+                        f"event hub {self.event_hub!r} partition {pid}: no events from sequence "
+                        f"number {self._next[pid]} although the partition ends at {self._end[pid]}; "
+                        "they may have expired (retention): check the hub's retention"
+                    )
                 for e in events:
                     r = record_from_event(self.event_hub, pid, e)
                     out.append(r)
@@ -193,18 +226,29 @@ class CheckpointMirror:
     def update(self, last: Mapping[str, tuple[int, str]]) -> None:
         for stream, (seq, offset) in sorted(last.items()):
             try:
-                self.store.update_checkpoint({
-                    "fully_qualified_namespace": self.namespace, "eventhub_name": self.event_hub,
-                    "consumer_group": self.group, "partition_id": stream.rsplit(":", 1)[1],
-                    "sequence_number": seq, "offset": offset,
-                })
+                self.store.update_checkpoint(
+                    {
+                        "fully_qualified_namespace": self.namespace,
+                        "eventhub_name": self.event_hub,
+                        "consumer_group": self.group,
+                        "partition_id": stream.rsplit(":", 1)[1],
+                        "sequence_number": seq,
+                        "offset": offset,
+                    }
+                )
             except Exception as e:  # noqa: BLE001 - tooling only: the Iceberg tables hold the truth
                 log.warning("could not mirror checkpoint of %s to blob storage: %s", stream, e)
 
 
 # --- PySpark Python streaming data source -------------------------------------------------
 
-from connector.sources.spark_stream import EVENT_SCHEMA, DataSource, DataSourceStreamReader, InputPartition, row_of
+from connector.sources.spark_stream import (  # noqa: E402 - the Spark half of the module
+    EVENT_SCHEMA,
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+    row_of,
+)
 
 
 class EventHubsPartition(InputPartition):  # type: ignore[misc]
@@ -226,24 +270,32 @@ class EventHubsStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         out = {}
         for pid in self.reader.partition_ids():
             stream = stream_id(self.event_hub, int(pid))
-            out[pid] = int(self.positions[stream]) if stream in self.positions else initial_sequence_number(
-                self.reader, pid, starting, max(self.reader.end_sequence_number(pid), 0))
+            out[pid] = (
+                int(self.positions[stream])
+                if stream in self.positions
+                else initial_sequence_number(self.reader, pid, starting, max(self.reader.end_sequence_number(pid), 0))
+            )
         return out
 
     def latestOffset(self) -> dict:
         return {pid: max(self.reader.end_sequence_number(pid), 0) for pid in self.reader.partition_ids()}
 
     def partitions(self, start: dict, end: dict) -> list:
-        return [EventHubsPartition(pid, int(start.get(pid, 0)), int(e)) for pid, e in end.items()
-                if int(e) > int(start.get(pid, 0))]
+        return [
+            EventHubsPartition(pid, int(start.get(pid, 0)), int(e))
+            for pid, e in end.items()
+            if int(e) > int(start.get(pid, 0))
+        ]
 
     def read(self, partition: EventHubsPartition) -> Iterator[tuple]:
         nxt = partition.start
         while nxt < partition.end:
             events = self.reader.read(partition.pid, nxt, min(1000, partition.end - nxt))
             if not events:
-                raise SourceError(f"event hub {self.event_hub!r} partition {partition.pid}: no events from "
-                                  f"sequence number {nxt} (expected up to {partition.end})")
+                raise SourceError(
+                    f"event hub {self.event_hub!r} partition {partition.pid}: no events from "
+                    f"sequence number {nxt} (expected up to {partition.end})"
+                )
             for e in events:
                 r = record_from_event(self.event_hub, partition.pid, e)
                 nxt = r.sequence_number + 1

@@ -17,9 +17,10 @@ a dead letter (reason `source`) of table `<stem>`, and the stream goes on.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
@@ -34,10 +35,24 @@ if TYPE_CHECKING:
     from connector.batch import RecordBatch
 
 # The plain kcat -J shape; the other fields must be absent (null) for the Arrow reader.
-_PLAIN = pa.schema([("topic", pa.string()), ("partition", pa.int64()), ("offset", pa.int64()), ("ts", pa.int64()),
-                    ("key", pa.string()), ("payload", pa.string())])
-_OTHER = pa.schema([("headers", pa.string()), ("sequence_number", pa.string()), ("enqueued_time", pa.string()),
-                    ("partition_key", pa.string())])
+_PLAIN = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int64()),
+        ("offset", pa.int64()),
+        ("ts", pa.int64()),
+        ("key", pa.string()),
+        ("payload", pa.string()),
+    ]
+)
+_OTHER = pa.schema(
+    [
+        ("headers", pa.string()),
+        ("sequence_number", pa.string()),
+        ("enqueued_time", pa.string()),
+        ("partition_key", pa.string()),
+    ]
+)
 _BLOCK = 8 << 20
 
 
@@ -66,9 +81,9 @@ def _time(v: Any) -> datetime:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if not 0 <= v <= _MAX_TS_MS:
             raise ValueError(f"timestamp {v!r} ms is out of range")
-        return datetime.fromtimestamp(v / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(v / 1000, tz=UTC)
     t = datetime.fromisoformat(str(v).replace("Z", "+00:00"))
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def _headers(v: Any) -> tuple[tuple[str, bytes | None], ...]:
@@ -93,7 +108,7 @@ def parse_line(doc: Mapping[str, Any], default_topic: str | None = None) -> Sour
         partition=_count(doc.get("partition", 0), "partition", INT32_MAX),
         offset=str(offset),
         sequence_number=_count(seq, "offset", INT64_MAX),
-        enqueued_time=_time(when) if when is not None else datetime.now(timezone.utc),
+        enqueued_time=_time(when) if when is not None else datetime.now(UTC),
         key=_bytes(doc.get("partition_key", doc.get("key"))),
         value=_bytes(doc.get("payload")),
         headers=_headers(doc.get("headers")),
@@ -133,14 +148,25 @@ class FileSource(Source):
                     continue
                 try:
                     if len(line) > self.max_line_bytes:
-                        raise ValueError(f"the line has {len(line):,} bytes, over the file source's limit of "
-                                         f"{self.max_line_bytes:,}")
+                        raise ValueError(
+                            f"the line has {len(line):,} bytes, over the file source's limit of {self.max_line_bytes:,}"
+                        )
                     record = parse_line(orjson.loads(line), self.default_topic)
                 except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, OverflowError, OSError) as e:
-                    why = (f"{self.path.name}:{n}: not a kcat -J record ({type(e).__name__}: {e}); each line needs "
-                           "topic (or source.topic), partition, offset, payload")
-                    record = SourceRecord(self.own_topic, 0, str(n), n, datetime.now(timezone.utc), None,
-                                          line.rstrip(b"\r\n"), ((SOURCE_ERROR_HEADER, why.encode()),))
+                    why = (
+                        f"{self.path.name}:{n}: not a kcat -J record ({type(e).__name__}: {e}); each line needs "
+                        "topic (or source.topic), partition, offset, payload"
+                    )
+                    record = SourceRecord(
+                        self.own_topic,
+                        0,
+                        str(n),
+                        n,
+                        datetime.now(UTC),
+                        None,
+                        line.rstrip(b"\r\n"),
+                        ((SOURCE_ERROR_HEADER, why.encode()),),
+                    )
                 if record.sequence_number >= self._positions.get(record.stream, 0):
                     yield record
 
@@ -154,7 +180,7 @@ class FileSource(Source):
                 break
         return out
 
-    def poll_batch(self, max_records: int) -> "RecordBatch":
+    def poll_batch(self, max_records: int) -> RecordBatch:
         from connector.batch import RecordBatch
 
         parts, n = [], 0
@@ -181,10 +207,13 @@ class FileSource(Source):
 
         try:
             if self._reader is None:
-                self._reader = pj.open_json(self.path, read_options=pj.ReadOptions(block_size=_BLOCK),
-                                            parse_options=pj.ParseOptions(
-                                                explicit_schema=pa.unify_schemas([_PLAIN, _OTHER]),
-                                                unexpected_field_behavior="ignore"))
+                self._reader = pj.open_json(
+                    self.path,
+                    read_options=pj.ReadOptions(block_size=_BLOCK),
+                    parse_options=pj.ParseOptions(
+                        explicit_schema=pa.unify_schemas([_PLAIN, _OTHER]), unexpected_field_behavior="ignore"
+                    ),
+                )
             raw = self._reader.read_next_batch()
         except StopIteration:
             self._mode = "done"
@@ -194,26 +223,36 @@ class FileSource(Source):
             return None
         topic = raw.column("topic")
         partition, offset, ts = raw.column("partition"), raw.column("offset"), raw.column("ts")
-        if (any(raw.column(f.name).null_count < raw.num_rows for f in _OTHER) or partition.null_count
-                or offset.null_count or pc.any(pc.equal(topic, "")).as_py()
-                or (topic.null_count and not self.default_topic)
-                or pc.min(offset).as_py() < 0 or pc.min(partition).as_py() < 0 or pc.max(partition).as_py() > INT32_MAX
-                or (ts.null_count < raw.num_rows and (pc.min(ts).as_py() < 0 or pc.max(ts).as_py() > _MAX_TS_MS))):
+        if (
+            any(raw.column(f.name).null_count < raw.num_rows for f in _OTHER)
+            or partition.null_count
+            or offset.null_count
+            or pc.any(pc.equal(topic, "")).as_py()
+            or (topic.null_count and not self.default_topic)
+            or pc.min(offset).as_py() < 0
+            or pc.min(partition).as_py() < 0
+            or pc.max(partition).as_py() > INT32_MAX
+            or (ts.null_count < raw.num_rows and (pc.min(ts).as_py() < 0 or pc.max(ts).as_py() > _MAX_TS_MS))
+        ):
             self._mode = "lines"
             return None
         topic = topic.fill_null(self.default_topic) if topic.null_count else topic
-        now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
-        table = pa.Table.from_arrays([
-            topic,
-            raw.column("partition").cast(pa.int32()),
-            raw.column("offset").cast(pa.string()),
-            raw.column("offset"),
-            pc.multiply(raw.column("ts").fill_null(now_ms), 1000).cast(pa.timestamp("us")).cast(RECORD_SCHEMA.field(
-                "enqueued_time").type),
-            raw.column("key").cast(pa.binary()),
-            raw.column("payload").cast(pa.binary()),
-            pa.nulls(raw.num_rows, pa.string()),
-        ], schema=RECORD_SCHEMA)
+        now_ms = int(datetime.now(UTC).timestamp() * 1000)
+        table = pa.Table.from_arrays(
+            [
+                topic,
+                raw.column("partition").cast(pa.int32()),
+                raw.column("offset").cast(pa.string()),
+                raw.column("offset"),
+                pc.multiply(raw.column("ts").fill_null(now_ms), 1000)
+                .cast(pa.timestamp("us"))
+                .cast(RECORD_SCHEMA.field("enqueued_time").type),
+                raw.column("key").cast(pa.binary()),
+                raw.column("payload").cast(pa.binary()),
+                pa.nulls(raw.num_rows, pa.string()),
+            ],
+            schema=RECORD_SCHEMA,
+        )
         self._parsed += raw.num_rows
         return table.filter(at_or_after(table, self._positions)) if self._positions else table
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -53,7 +53,9 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
             for p in t.partitions:
                 out[stream_id(topic, p)] = retrying(
                     lambda tp=TopicPartition(topic, p): c.get_watermark_offsets(tp, timeout=self.timeout),
-                    self.timeout, f"Kafka at {self.settings.get('bootstrap.servers')}: offsets of {topic}:{p}")
+                    self.timeout,
+                    f"Kafka at {self.settings.get('bootstrap.servers')}: offsets of {topic}:{p}",
+                )
         return out
 
     def initialOffset(self) -> dict:
@@ -65,8 +67,10 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
                 start = initial_offset(self._client(), topic, int(part), low, high, self.starting, self.timeout)
             elif start < low:
                 topic, part = stream.rsplit(":", 1)
-                msg = (f"topic {topic!r} partition {part}: offsets [{start}, {low}) no longer exist in the source "
-                       "(expired by retention or removed by compaction) and were never ingested")
+                msg = (
+                    f"topic {topic!r} partition {part}: offsets [{start}, {low}) no longer exist in the source "
+                    "(expired by retention or removed by compaction) and were never ingested"
+                )
                 if self.fail_on_data_loss:
                     raise SourceError(msg + f"; set source.fail_on_data_loss = false to continue from {low}")
                 log.error("%s; continuing from %s", msg, low)
@@ -87,16 +91,19 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         return parts
 
     def read(self, partition: KafkaPartition) -> Iterator[tuple]:
-        c = Consumer({**self.settings, "group.id": "cdclake-reader", "enable.auto.commit": False,
-                      "enable.partition.eof": True})
+        c = Consumer(
+            {**self.settings, "group.id": "cdclake-reader", "enable.auto.commit": False, "enable.partition.eof": True}
+        )
         c.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
         nxt = partition.start
         try:
             while nxt < partition.end:
                 msgs = c.consume(num_messages=min(10_000, partition.end - nxt), timeout=self.timeout)
                 if not msgs:
-                    raise SourceError(f"{partition.topic}:{partition.partition}: no data from offset {nxt} within "
-                                      f"{self.timeout:g}s although the batch ends at {partition.end}")
+                    raise SourceError(
+                        f"{partition.topic}:{partition.partition}: no data from offset {nxt} within "
+                        f"{self.timeout:g}s although the batch ends at {partition.end}"
+                    )
                 for m in msgs:
                     if m.error() is not None:
                         if m.error().code() == KafkaError._PARTITION_EOF:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import tempfile
-from datetime import timezone
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC
+from typing import Any
 
 from connector.records import SourceRecord
 
@@ -15,29 +16,46 @@ try:
 except ImportError:  # pragma: no cover - pyspark < 4
     DataSource = DataSourceStreamReader = InputPartition = object  # type: ignore[misc,assignment]
 
-EVENT_SCHEMA = ("topic string, partition int, offset string, sequence_number bigint, enqueued_time timestamp, "
-                "key binary, value binary, headers string")
+EVENT_SCHEMA = (
+    "topic string, partition int, offset string, sequence_number bigint, enqueued_time timestamp, "
+    "key binary, value binary, headers string"
+)
 
 
 def row_of(r: SourceRecord) -> tuple:
     headers = json.dumps({k: (v.decode("utf-8", "replace") if v is not None else None) for k, v in r.headers})
-    return (r.topic, r.partition, r.offset, r.sequence_number, r.enqueued_time, r.key, r.value,
-            headers if r.headers else None)
+    return (
+        r.topic,
+        r.partition,
+        r.offset,
+        r.sequence_number,
+        r.enqueued_time,
+        r.key,
+        r.value,
+        headers if r.headers else None,
+    )
 
 
 def records_from_rows(rows: Sequence[Any]) -> list[SourceRecord]:
     out = []
     for r in rows:
-        headers = tuple((k, None if v is None else v.encode()) for k, v in json.loads(r["headers"]).items()) \
-            if r["headers"] else ()
-        when = r["enqueued_time"].astimezone(timezone.utc)  # PySpark hands out naive local time
-        out.append(SourceRecord(r["topic"], r["partition"], r["offset"], r["sequence_number"], when,
-                                r["key"], r["value"], headers))
+        headers = (
+            tuple((k, None if v is None else v.encode()) for k, v in json.loads(r["headers"]).items())
+            if r["headers"]
+            else ()
+        )
+        when = r["enqueued_time"].astimezone(UTC)  # PySpark hands out naive local time
+        out.append(
+            SourceRecord(
+                r["topic"], r["partition"], r["offset"], r["sequence_number"], when, r["key"], r["value"], headers
+            )
+        )
     return out
 
 
-def run_available_now(spark: Any, source: type, options: Mapping[str, str],
-                      on_records: Callable[[list[SourceRecord]], None]) -> None:
+def run_available_now(
+    spark: Any, source: type, options: Mapping[str, str], on_records: Callable[[list[SourceRecord]], None]
+) -> None:
     """Runs the streaming data source `source` to the end offsets it sees at start, handing
     each micro-batch's records, in log order, to `on_records`."""
     spark.dataSource.register(source)
@@ -49,9 +67,15 @@ def run_available_now(spark: Any, source: type, options: Mapping[str, str],
 
     with tempfile.TemporaryDirectory(prefix="cdclake-stream-") as checkpoint:
         # Spark's checkpoint is scratch: every run starts from the Iceberg tables' positions.
-        query = (spark.readStream.format(source.name()).options(**options).load()
-                 .writeStream.foreachBatch(on_batch).trigger(availableNow=True)
-                 .option("checkpointLocation", checkpoint).start())
+        query = (
+            spark.readStream.format(source.name())
+            .options(**options)
+            .load()
+            .writeStream.foreachBatch(on_batch)
+            .trigger(availableNow=True)
+            .option("checkpointLocation", checkpoint)
+            .start()
+        )
         try:
             query.awaitTermination()
         except Exception as e:

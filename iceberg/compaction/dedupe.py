@@ -21,8 +21,20 @@ POSITION_TYPE = "array<bigint>"
 
 # Columns every candidate carries (held rows have `_after` null).
 CANDIDATE_COLUMNS = [
-    "_key", "_topic", "_partition_id", "_offset", "_sequence_number", "_enqueued_time", "_op",
-    "_snapshot", "_source_ts", "_source_position", "_payload_bytes", "_after", "_after_types", "_held",
+    "_key",
+    "_topic",
+    "_partition_id",
+    "_offset",
+    "_sequence_number",
+    "_enqueued_time",
+    "_op",
+    "_snapshot",
+    "_source_ts",
+    "_source_position",
+    "_payload_bytes",
+    "_after",
+    "_after_types",
+    "_held",
 ]
 
 
@@ -38,7 +50,9 @@ def order_struct(position: Column, snapshot: Column, partition: Column, seq: Col
 
 
 def literal_order(position: list[int] | None, snapshot: bool, partition: int, seq: int, ordering: Ordering) -> Column:
-    pos = F.array(*[F.lit(int(x)) for x in position]).cast(POSITION_TYPE) if position else F.lit(None).cast(POSITION_TYPE)
+    pos = (
+        F.array(*[F.lit(int(x)) for x in position]).cast(POSITION_TYPE) if position else F.lit(None).cast(POSITION_TYPE)
+    )
     return order_struct(pos, F.lit(bool(snapshot)), F.lit(int(partition)), F.lit(int(seq)), ordering)
 
 
@@ -60,17 +74,24 @@ def rank(candidates: DataFrame, ordering: Ordering) -> DataFrame:
         # kept as the row's position, so a held bare tombstone still guards its key
         position = F.col("_source_position")
         candidates = candidates.withColumn("_source_position", F.coalesce(position, F.max(position).over(upto)))
-    ranked = candidates.withColumn("_o", order_struct(
-        F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering))
+    ranked = candidates.withColumn(
+        "_o",
+        order_struct(
+            F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering
+        ),
+    )
     before = F.max(F.struct(F.col("_o").alias("o"), F.col("_op").alias("op"), F.col("_snapshot").alias("snap"))).over(
-        in_log_order.rowsBetween(Window.unboundedPreceding, -1))
+        in_log_order.rowsBetween(Window.unboundedPreceding, -1)
+    )
     ranked = ranked.withColumn("_before", before)
     prior = F.col("_before")
     stale = ~F.col("_held") & prior.isNotNull() & (F.col("_o") < prior["o"])
-    reason = (F.when(~stale, F.lit(None).cast("string"))
-              .when(prior["op"] == "d", F.lit("older_than_tombstone"))
-              .when(F.col("_snapshot") & ~prior["snap"], F.lit("snapshot_after_stream"))
-              .otherwise(F.lit("older_than_state")))
+    reason = (
+        F.when(~stale, F.lit(None).cast("string"))
+        .when(prior["op"] == "d", F.lit("older_than_tombstone"))
+        .when(F.col("_snapshot") & ~prior["snap"], F.lit("snapshot_after_stream"))
+        .otherwise(F.lit("older_than_state"))
+    )
     return ranked.withColumn("_stale", reason).drop("_before")
 
 
@@ -78,9 +99,7 @@ def latest_per_key(ranked: DataFrame) -> DataFrame:
     """One row per `_key`: the newest candidate, with `_stale` = how many of its events were stale."""
     winner = F.max_by(F.struct(*[F.col(c) for c in CANDIDATE_COLUMNS], F.col("_o")), F.col("_o"))
     return (
-        ranked.groupBy("_key")
-        .agg(winner.alias("w"), F.count(F.col("_stale")).alias("_stale"))
-        .select("w.*", "_stale")
+        ranked.groupBy("_key").agg(winner.alias("w"), F.count(F.col("_stale")).alias("_stale")).select("w.*", "_stale")
     )
 
 
@@ -89,10 +108,16 @@ def older_than_truncate(truncate: Truncate, ordering: Ordering) -> Column:
     (`_o` must be set under the source ordering)."""
     if ordering == "log":
         same = (F.col("_topic") == F.lit(truncate.topic)) & (F.col("_partition_id") == F.lit(truncate.partition))
-        return (F.when(same, F.col("_sequence_number") < F.lit(truncate.sequence_number))
-                .otherwise(F.unix_micros(F.col("_enqueued_time")) < F.lit(truncate.enqueued_us)))
-    return F.col("_o") < literal_order(list(truncate.position) if truncate.position else None, truncate.snapshot,
-                                       truncate.partition, truncate.sequence_number, ordering)
+        return F.when(same, F.col("_sequence_number") < F.lit(truncate.sequence_number)).otherwise(
+            F.unix_micros(F.col("_enqueued_time")) < F.lit(truncate.enqueued_us)
+        )
+    return F.col("_o") < literal_order(
+        list(truncate.position) if truncate.position else None,
+        truncate.snapshot,
+        truncate.partition,
+        truncate.sequence_number,
+        ordering,
+    )
 
 
 def resolve(winners: DataFrame, truncate: Truncate | None, ordering: Ordering) -> DataFrame:
@@ -106,7 +131,8 @@ def resolve(winners: DataFrame, truncate: Truncate | None, ordering: Ordering) -
         return winners.where(~F.col("_held")).withColumn("_action", retain.action(F.col("_op")))
     removed = (F.col("_op") != retain.DELETE_OP) & older_than_truncate(truncate, ordering)
     return winners.where(~F.col("_held") | removed).withColumn(
-        "_action", F.when(removed, F.lit("truncate")).otherwise(retain.action(F.col("_op"))))
+        "_action", F.when(removed, F.lit("truncate")).otherwise(retain.action(F.col("_op")))
+    )
 
 
 # --- The packed route: the ordering rule as one 64-bit integer per candidate -------------
@@ -141,7 +167,7 @@ class Packing:
     seq_span: int
 
     @classmethod
-    def of(cls, bounds: dict[str, Any]) -> "Packing | None":
+    def of(cls, bounds: dict[str, Any]) -> Packing | None:
         """The layout for a round's bounds, or None when the round does not fit in 63 bits."""
         if bounds["part_min"] is None or bounds["part_min"] < 0:
             return None
@@ -167,7 +193,7 @@ class Packing:
         return self.rank_shift + 1
 
     def _element_shifts(self) -> list[int]:
-        return [sum(self.position_bits[i + 1:]) for i in range(len(self.position_bits))]
+        return [sum(self.position_bits[i + 1 :]) for i in range(len(self.position_bits))]
 
     def pack(self, position: tuple[int, ...], rank: int, partition: int, seq: int) -> int:
         """The Python twin of the Spark expressions below (for tests)."""
@@ -186,9 +212,12 @@ class Packing:
 
     def position_of(self, pk: Column) -> Column:
         """The position array back from its packed key."""
-        return F.array(*[F.lit(lo) + F.shiftright(pk, s).bitwiseAND(F.lit((1 << b) - 1))
-                         for lo, s, b in zip(self.position_mins, self._element_shifts(), self.position_bits)]
-                       ).cast(POSITION_TYPE)
+        return F.array(
+            *[
+                F.lit(lo) + F.shiftright(pk, s).bitwiseAND(F.lit((1 << b) - 1))
+                for lo, s, b in zip(self.position_mins, self._element_shifts(), self.position_bits)
+            ]
+        ).cast(POSITION_TYPE)
 
     def log_key_col(self, partition: Column, seq: Column) -> Column:
         return F.shiftleft(partition.cast("bigint"), self.seq_bits) + (seq - F.lit(self.seq_min))
@@ -197,20 +226,34 @@ class Packing:
 def bounds_columns(position: Column, partition: Column, seq: Column) -> list[Column]:
     """Aggregates over a frame of candidates whose first row gives `Packing.of` its bounds."""
     size = F.when(position.isNotNull(), F.size(position))
-    return [F.min(size).alias("size_min"), F.max(size).alias("size_max"),
-            F.min(partition).alias("part_min"), F.max(partition).alias("part_max"),
-            F.min(seq).alias("seq_min"), F.max(seq).alias("seq_max"),
-            *[agg(F.get(position, i)).alias(f"{name}{i}") for i in range(MAX_POSITION)
-              for agg, name in ((F.min, "lo"), (F.max, "hi"))]]
+    return [
+        F.min(size).alias("size_min"),
+        F.max(size).alias("size_max"),
+        F.min(partition).alias("part_min"),
+        F.max(partition).alias("part_max"),
+        F.min(seq).alias("seq_min"),
+        F.max(seq).alias("seq_max"),
+        *[
+            agg(F.get(position, i)).alias(f"{name}{i}")
+            for i in range(MAX_POSITION)
+            for agg, name in ((F.min, "lo"), (F.max, "hi"))
+        ],
+    ]
 
 
-def arrow_bounds(position: pa.ChunkedArray | pa.Array, partition: pa.ChunkedArray | pa.Array,
-                 seq: pa.ChunkedArray | pa.Array) -> dict[str, Any]:
+def arrow_bounds(
+    position: pa.ChunkedArray | pa.Array, partition: pa.ChunkedArray | pa.Array, seq: pa.ChunkedArray | pa.Array
+) -> dict[str, Any]:
     """`bounds_columns` over Arrow columns of the same rows (the planner's scan of the log)."""
     size = pc.list_value_length(position)
-    out = {"size_min": pc.min(size).as_py(), "size_max": pc.max(size).as_py(),
-           "part_min": pc.min(partition).as_py(), "part_max": pc.max(partition).as_py(),
-           "seq_min": pc.min(seq).as_py(), "seq_max": pc.max(seq).as_py()}
+    out = {
+        "size_min": pc.min(size).as_py(),
+        "size_max": pc.max(size).as_py(),
+        "part_min": pc.min(partition).as_py(),
+        "part_max": pc.max(partition).as_py(),
+        "seq_min": pc.min(seq).as_py(),
+        "seq_max": pc.max(seq).as_py(),
+    }
     for i in range(MAX_POSITION):
         longer = pc.greater(size, i).fill_null(False)
         element = pc.list_element(position.filter(longer), i) if pc.any(longer).as_py() else pa.array([], pa.int64())
@@ -220,6 +263,7 @@ def arrow_bounds(position: pa.ChunkedArray | pa.Array, partition: pa.ChunkedArra
 
 def merge_bounds(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """The bounds of two frames' union from the bounds of each (`bounds_columns` rows)."""
+
     def one(name: str) -> Any:
         values = [v for v in (a[name], b[name]) if v is not None]
         low = name.endswith("_min") or name.startswith("lo")
@@ -254,40 +298,53 @@ def packed_latest(candidates: DataFrame, packing: Packing, ordering: Ordering) -
     log_key = packing.log_key_col(part, seq)
     order = F.when(has_p, F.shiftleft(pk, ps) + F.shiftleft(rank_bit, rs) + log_key)
     # the highest position, then the earliest in log order (held first): `first`
-    backwards = packing.log_key_col(F.lit(packing.max_partition) - part,
-                                    F.lit(2 * packing.seq_min + packing.seq_span) - seq)  # reversed log key
+    backwards = packing.log_key_col(
+        F.lit(packing.max_partition) - part, F.lit(2 * packing.seq_min + packing.seq_span) - seq
+    )  # reversed log key
     earliest = F.when(has_p, F.shiftleft(pk, ps) + F.shiftleft(held.cast("bigint"), rs) + backwards)
     new_bare, new_positioned = ~held & ~has_p, ~held & has_p
     agg = candidates.groupBy("_key").agg(
-        F.max(order).alias("o_w"), F.max(earliest).alias("first"),
-        F.max(F.when(new_bare, log_key)).alias("bare"), F.min(F.when(new_bare, log_key)).alias("bare_min"),
-        F.max(~has_p & (held | (rank_bit == 0))).alias("odd_bare"), F.max(F.when(held & has_p, order)).alias("o_h"),
+        F.max(order).alias("o_w"),
+        F.max(earliest).alias("first"),
+        F.max(F.when(new_bare, log_key)).alias("bare"),
+        F.min(F.when(new_bare, log_key)).alias("bare_min"),
+        F.max(~has_p & (held | (rank_bit == 0))).alias("odd_bare"),
+        F.max(F.when(held & has_p, order)).alias("o_h"),
         F.min(F.when(new_positioned, order)).alias("o_min"),
-        F.min(F.when(~held, part)).alias("p_lo"), F.max(F.when(~held, part)).alias("p_hi"),
+        F.min(F.when(~held, part)).alias("p_lo"),
+        F.max(F.when(~held, part)).alias("p_hi"),
     )
     low = F.lit((1 << ps) - 1)
     log_mask = F.lit((1 << rs) - 1)
     o_w, first, bare, o_h = F.col("o_w"), F.col("first"), F.col("bare"), F.col("o_h")
     # `first` in log order: (not held, partition, sequence number), like a bare candidate's
     first_held = F.shiftright(first, rs).bitwiseAND(F.lit(1))
-    first_log = (F.shiftleft(F.lit(1) - first_held, rs)
-                 + F.lit(packing.log_key(packing.max_partition, packing.seq_min + packing.seq_span))
-                 - first.bitwiseAND(log_mask))
+    first_log = (
+        F.shiftleft(F.lit(1) - first_held, rs)
+        + F.lit(packing.log_key(packing.max_partition, packing.seq_min + packing.seq_span))
+        - first.bitwiseAND(log_mask)
+    )
     bare_order = F.shiftleft(F.lit(1).cast("bigint"), rs) + bare  # rank 1, log key
     bare_wins = bare.isNotNull() & (o_w.isNull() | ((bare_order > first_log) & (bare_order > o_w.bitwiseAND(low))))
-    stale_possible = o_h.isNotNull() & (F.coalesce(F.col("o_min") < o_h, F.lit(False))
-                                        | F.coalesce(F.col("bare_min") < o_h.bitwiseAND(log_mask), F.lit(False)))
+    stale_possible = o_h.isNotNull() & (
+        F.coalesce(F.col("o_min") < o_h, F.lit(False))
+        | F.coalesce(F.col("bare_min") < o_h.bitwiseAND(log_mask), F.lit(False))
+    )
     win = F.when(bare_wins, bare).otherwise(o_w.bitwiseAND(log_mask))
     return agg.select(
         "_key",
         # new events on two partitions: which came first is not known, nor which may be stale
-        (F.col("odd_bare") | stale_possible | F.coalesce(F.col("p_lo") != F.col("p_hi"), F.lit(False))
-         ).alias("_irregular"),
+        (F.col("odd_bare") | stale_possible | F.coalesce(F.col("p_lo") != F.col("p_hi"), F.lit(False))).alias(
+            "_irregular"
+        ),
         (~bare_wins & o_h.isNotNull() & (o_h == o_w)).alias("_win_held"),
         F.shiftright(win, sb).cast("int").alias("_partition_id"),
         (win.bitwiseAND(F.lit((1 << sb) - 1)) + F.lit(packing.seq_min)).alias("_sequence_number"),
         win.alias("_id"),
         # the positioned winner's own position, or the one a bare winner carries: both are o_w's
-        (F.when(o_w.isNotNull(), packing.position_of(F.shiftright(o_w, ps))) if ordering == "source"
-         else F.lit(None).cast(POSITION_TYPE)).alias("_position"),
+        (
+            F.when(o_w.isNotNull(), packing.position_of(F.shiftright(o_w, ps)))
+            if ordering == "source"
+            else F.lit(None).cast(POSITION_TYPE)
+        ).alias("_position"),
     )

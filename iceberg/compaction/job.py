@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import reduce
 
 from pyiceberg.catalog import Catalog
@@ -38,7 +38,6 @@ from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, cleaner_points, lo
 from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
 from iceberg.log_writer import POSITIONS_PROPERTY, summary_value
 from iceberg.maintenance import Upkeep, maintain, sql_literal
-
 from quotas.metrics import DEAD_LETTERS, STALE
 
 log = logging.getLogger(__name__)
@@ -74,8 +73,10 @@ class CompactionReport:
 
 def range_filter(ranges: list[CleanRange]) -> str:
     def one(r: CleanRange) -> str:
-        return (f"(topic = {sql_literal(r.topic)} AND partition = {r.partition} "
-                f"AND sequence_number >= {r.start} AND sequence_number < {r.end})")
+        return (
+            f"(topic = {sql_literal(r.topic)} AND partition = {r.partition} "
+            f"AND sequence_number >= {r.start} AND sequence_number < {r.end})"
+        )
 
     return " OR ".join(one(r) for r in ranges)
 
@@ -93,11 +94,18 @@ _ORDER_COLUMNS = ["_key", "_partition_id", "_sequence_number", "_snapshot", "_so
 def _log_candidates(dirty: DataFrame) -> DataFrame:
     """The dirty events as candidates; `_after` and `_after_types` null until `_with_payload`."""
     return dirty.where(F.col("op") != "t").select(
-        F.col("key").alias("_key"), F.col("topic").alias("_topic"), F.col("partition").alias("_partition_id"),
-        F.col("offset").alias("_offset"), F.col("sequence_number").alias("_sequence_number"),
-        F.col("enqueued_time").alias("_enqueued_time"), F.col("op").alias("_op"), F.col("snapshot").alias("_snapshot"),
-        F.col("source_ts_ms").alias("_source_ts"), F.col("source_position").alias("_source_position"),
-        F.col("payload_bytes").alias("_payload_bytes"), *[F.lit(None).cast("string").alias("_" + c) for c in _PAYLOAD],
+        F.col("key").alias("_key"),
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition_id"),
+        F.col("offset").alias("_offset"),
+        F.col("sequence_number").alias("_sequence_number"),
+        F.col("enqueued_time").alias("_enqueued_time"),
+        F.col("op").alias("_op"),
+        F.col("snapshot").alias("_snapshot"),
+        F.col("source_ts_ms").alias("_source_ts"),
+        F.col("source_position").alias("_source_position"),
+        F.col("payload_bytes").alias("_payload_bytes"),
+        *[F.lit(None).cast("string").alias("_" + c) for c in _PAYLOAD],
         F.lit(False).alias("_held"),
     )
 
@@ -105,13 +113,17 @@ def _log_candidates(dirty: DataFrame) -> DataFrame:
 def _with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> DataFrame:
     """Winners with the after-image of the log events that won (held winners have none)."""
     won = winners.where(~F.col("_held")).select(*_EVENT_ID)
-    payload = dirty.select(F.col("topic").alias("_topic"), F.col("partition").alias("_partition_id"),
-                           F.col("sequence_number").alias("_sequence_number"),
-                           *[F.col(c).alias("_l_" + c) for c in _PAYLOAD])
+    payload = dirty.select(
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition_id"),
+        F.col("sequence_number").alias("_sequence_number"),
+        *[F.col(c).alias("_l_" + c) for c in _PAYLOAD],
+    )
     payload = payload.join(F.broadcast(won) if broadcast else won, _EVENT_ID, "left_semi")
     joined = winners.join(payload, _EVENT_ID, "left")
-    return joined.select(*[F.when(~F.col("_held"), F.col("_l" + c)).alias(c) if c[1:] in _PAYLOAD else F.col(c)
-                           for c in winners.columns])
+    return joined.select(
+        *[F.when(~F.col("_held"), F.col("_l" + c)).alias(c) if c[1:] in _PAYLOAD else F.col(c) for c in winners.columns]
+    )
 
 
 def _bounds(frame: DataFrame, position: Column, partition: Column, seq: Column, ordering: str) -> dict:
@@ -129,9 +141,16 @@ def _general(candidates: DataFrame, dirty: DataFrame, ordering: str) -> tuple[Da
     return winners, ranked, totals["n"], totals["stale"] or 0
 
 
-def _winners(candidates: DataFrame, ordered: DataFrame, held_rows: DataFrame | None, dirty: DataFrame,
-             packing: dedupe.Packing | None, ordering: str, multi_topic: bool, step: "_Steps"
-             ) -> tuple[DataFrame, DataFrame | None, int, int]:
+def _winners(
+    candidates: DataFrame,
+    ordered: DataFrame,
+    held_rows: DataFrame | None,
+    dirty: DataFrame,
+    packing: dedupe.Packing | None,
+    ordering: str,
+    multi_topic: bool,
+    step: _Steps,
+) -> tuple[DataFrame, DataFrame | None, int, int]:
     """The newest candidate per key with its payload, the ranked candidates of the general
     route (for the stale-event log), the number of keys and of stale events. `ordered`: the
     candidates' `_ORDER_COLUMNS` (the packed route's input)."""
@@ -140,9 +159,16 @@ def _winners(candidates: DataFrame, ordered: DataFrame, held_rows: DataFrame | N
         return _general(candidates, dirty, ordering)
     per_key = dedupe.packed_latest(ordered, packing, ordering).localCheckpoint(eager=True)
     is_new = ~F.col("_irregular") & ~F.col("_win_held")
-    by_partition = per_key.groupBy("_partition_id").agg(
-        F.count(F.lit(1)).alias("n"), F.sum(F.col("_irregular").cast("int")).alias("irr"),
-        F.sum(is_new.cast("int")).alias("new"), F.min(F.when(is_new, F.col("_sequence_number"))).alias("s")).collect()
+    by_partition = (
+        per_key.groupBy("_partition_id")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.col("_irregular").cast("int")).alias("irr"),
+            F.sum(is_new.cast("int")).alias("new"),
+            F.min(F.when(is_new, F.col("_sequence_number"))).alias("s"),
+        )
+        .collect()
+    )
     counts = {c: sum(r[c] for r in by_partition) for c in ("n", "irr", "new")}
     step(f"dedupe of {counts['n']:,} keys (packed order key)")
     regular = per_key.where(~F.col("_irregular"))
@@ -159,7 +185,8 @@ def _winners(candidates: DataFrame, ordered: DataFrame, held_rows: DataFrame | N
     from_log = [c for c in dedupe.CANDIDATE_COLUMNS if c != "_held" and (ordering == "log" or c != "_source_position")]
     log = dirty.where(f"({since}) AND op != 't'" if floors else "false").select(
         *[F.col(_LOG_NAMES.get(c, c[1:])).alias(c) for c in from_log],
-        packing.log_key_col(F.col("partition"), F.col("sequence_number")).alias("_id"))
+        packing.log_key_col(F.col("partition"), F.col("sequence_number")).alias("_id"),
+    )
     got = log.join(F.broadcast(new) if counts["new"] <= BROADCAST_WINNERS else new, by)
     if ordering == "source":
         got = got.withColumn("_source_position", F.col("_position"))
@@ -170,8 +197,11 @@ def _winners(candidates: DataFrame, ordered: DataFrame, held_rows: DataFrame | N
     if held_rows is not None:
         kept = held_rows.join(regular.where(F.col("_win_held")).select("_key"), "_key", "left_semi")
         winners = winners.unionByName(kept.select(*dedupe.CANDIDATE_COLUMNS))
-    winners = winners.withColumn("_o", dedupe.order_struct(
-        F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering)
+    winners = winners.withColumn(
+        "_o",
+        dedupe.order_struct(
+            F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering
+        ),
     ).withColumn("_stale", F.lit(0).cast("bigint"))
     if not counts["irr"]:
         return winners, None, counts["n"], 0
@@ -183,9 +213,13 @@ def _winners(candidates: DataFrame, ordered: DataFrame, held_rows: DataFrame | N
 
 def _held(table: DataFrame, op: str | None) -> DataFrame:
     cols = [F.col(n) for n, _ in META_COLUMNS if n != "_op"]
-    return table.select(*cols, (F.lit(op) if op else F.col("_op")).alias("_op"),
-                        F.lit(None).cast("string").alias("_after"), F.lit(None).cast("string").alias("_after_types"),
-                        F.lit(True).alias("_held")).select(*dedupe.CANDIDATE_COLUMNS)
+    return table.select(
+        *cols,
+        (F.lit(op) if op else F.col("_op")).alias("_op"),
+        F.lit(None).cast("string").alias("_after"),
+        F.lit(None).cast("string").alias("_after_types"),
+        F.lit(True).alias("_held"),
+    ).select(*dedupe.CANDIDATE_COLUMNS)
 
 
 def _has_rows(catalog: Catalog, name: str) -> bool:
@@ -196,18 +230,41 @@ def _has_rows(catalog: Catalog, name: str) -> bool:
 def _may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
     """Whether a data file of the tombstones may hold one expired by `now` (by the files'
     `expires_at` bounds in the manifests, without reading a row)."""
-    return any(True for _ in catalog.load_table(name).scan(
-        row_filter=LessThanOrEqual("expires_at", now.isoformat())).plan_files())
+    return any(
+        True
+        for _ in catalog.load_table(name).scan(row_filter=LessThanOrEqual("expires_at", now.isoformat())).plan_files()
+    )
 
 
 def _round_truncates(dirty: DataFrame, ordering: str) -> tuple[Truncate | None, int]:
     """The newest truncate of the round, and how many it has."""
-    rows = dirty.where(F.col("op") == "t").select(
-        "topic", "partition", "offset", "sequence_number", F.unix_micros("enqueued_time").alias("us"),
-        "source_position", "snapshot", "source_ts_ms").collect()
-    found = [Truncate(r["topic"], r["partition"], r["offset"], r["sequence_number"], r["us"],
-                      tuple(r["source_position"]) if r["source_position"] else None, r["snapshot"],
-                      r["source_ts_ms"]) for r in rows]
+    rows = (
+        dirty.where(F.col("op") == "t")
+        .select(
+            "topic",
+            "partition",
+            "offset",
+            "sequence_number",
+            F.unix_micros("enqueued_time").alias("us"),
+            "source_position",
+            "snapshot",
+            "source_ts_ms",
+        )
+        .collect()
+    )
+    found = [
+        Truncate(
+            r["topic"],
+            r["partition"],
+            r["offset"],
+            r["sequence_number"],
+            r["us"],
+            tuple(r["source_position"]) if r["source_position"] else None,
+            r["snapshot"],
+            r["source_ts_ms"],
+        )
+        for r in rows
+    ]
     return newest_truncate(found, ordering), len(found)
 
 
@@ -249,12 +306,16 @@ class _Steps:
 
 
 def compact(
-    spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime,
+    spark: SparkSession,
+    catalog: Catalog,
+    names: TableNames,
+    policy: CompactionPolicy,
+    now: datetime,
     force: bool = False,
 ) -> CompactionReport:
     """Compacts what is due in one source table; returns what it did."""
     started = time.monotonic()
-    now = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)  # naive: UTC
+    now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)  # naive: UTC
     step = _Steps(names.state)
     report = CompactionReport(names.table)
     # 1. plan
@@ -273,9 +334,15 @@ def compact(
         spark.sql(f"DELETE FROM {tomb_t} WHERE {purge}")
     step("purge")
     # 8. maintenance: small files, deleted rows and the log's manifests rewritten, old snapshots expired
-    upkeep = [Upkeep(names.state, CLEANER_POINTS_PROPERTY), Upkeep(names.tombstones),
-              *[Upkeep(n, POSITIONS_PROPERTY, append_only=True) for n in (names.log, names.dead_letters)
-                if catalog.table_exists(n)]]
+    upkeep = [
+        Upkeep(names.state, CLEANER_POINTS_PROPERTY),
+        Upkeep(names.tombstones),
+        *[
+            Upkeep(n, POSITIONS_PROPERTY, append_only=True)
+            for n in (names.log, names.dead_letters)
+            if catalog.table_exists(n)
+        ],
+    ]
     report.maintenance = maintain(spark, catalog, names.catalog, upkeep, policy.maintenance)
     step("maintenance")
     report.seconds = round(time.monotonic() - started, 3)
@@ -283,8 +350,16 @@ def compact(
     return report
 
 
-def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime,
-           report: CompactionReport, ranges: list[StreamStats], step: _Steps) -> None:
+def _clean(
+    spark: SparkSession,
+    catalog: Catalog,
+    names: TableNames,
+    policy: CompactionPolicy,
+    now: datetime,
+    report: CompactionReport,
+    ranges: list[StreamStats],
+    step: _Steps,
+) -> None:
     state_t, tomb_t = names.spark(names.state), names.spark(names.tombstones)
     # 2. dirty events and held rows
     dirty = spark.table(names.spark(names.log)).where(range_filter(report.ranges))
@@ -293,9 +368,16 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     marker = truncate_marker(catalog, names)
     late = None
     if marker is not None:
-        ordered_events = events.withColumn("_o", dedupe.order_struct(
-            F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"),
-            policy.ordering))
+        ordered_events = events.withColumn(
+            "_o",
+            dedupe.order_struct(
+                F.col("_source_position"),
+                F.col("_snapshot"),
+                F.col("_partition_id"),
+                F.col("_sequence_number"),
+                policy.ordering,
+            ),
+        )
         older = dedupe.older_than_truncate(marker, policy.ordering)
         if policy.ordering == "source":  # a position-less change is judged by the position it carries
             older = F.col("_source_position").isNotNull() & older
@@ -327,22 +409,33 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     candidates = events if held_rows is None else events.unionByName(held_rows)
     ordered = narrow if held_rows is None else narrow.unionByName(held_rows.select(*_ORDER_COLUMNS))
     if held_rows is not None:
-        bounds = dedupe.merge_bounds(bounds, _bounds(held_rows, F.col("_source_position"), F.col("_partition_id"),
-                                                     F.col("_sequence_number"), policy.ordering))
+        bounds = dedupe.merge_bounds(
+            bounds,
+            _bounds(
+                held_rows, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"), policy.ordering
+            ),
+        )
     step("held rows")
     # 3. newest per key, truncates
     # the packed route cannot tell which changes arrived after a newer one (stale)
     packing = dedupe.Packing.of(bounds) if policy.packed and all(r.monotone for r in ranges) else None
     multi_topic = len({r.topic for r in report.ranges}) > 1
-    winners, ranked, report.keys, report.stale = _winners(candidates, ordered, held_rows, dirty, packing,
-                                                          policy.ordering, multi_topic, step)
+    winners, ranked, report.keys, report.stale = _winners(
+        candidates, ordered, held_rows, dirty, packing, policy.ordering, multi_topic, step
+    )
     # the counts and the after-image signatures come with the checkpoint's own job
     upsert, observed = F.col("_action") == "upsert", Observation("cdclake_changes")
-    changes = dedupe.resolve(winners, truncate, policy.ordering).observe(
-        observed, F.count(F.lit(1)).alias("n"), F.sum(upsert.cast("int")).alias("up"),
-        F.sum((F.col("_action") == "truncate").cast("int")).alias("cut"),
-        F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),  # nulls are left out
-    ).localCheckpoint(eager=True)
+    changes = (
+        dedupe.resolve(winners, truncate, policy.ordering)
+        .observe(
+            observed,
+            F.count(F.lit(1)).alias("n"),
+            F.sum(upsert.cast("int")).alias("up"),
+            F.sum((F.col("_action") == "truncate").cast("int")).alias("cut"),
+            F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),  # nulls are left out
+        )
+        .localCheckpoint(eager=True)
+    )
     counts = observed.get
     step("payload of the winners")
     report.upserts, report.truncated = counts["up"] or 0, counts["cut"] or 0
@@ -351,18 +444,31 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     stale = [f for f in ((ranked if report.stale else None), late) if f is not None]
     stale_rows = None
     if stale:
-        stale_rows = reduce(DataFrame.unionByName, [f.where(F.col("_stale").isNotNull()).select(
-            *[c for c, _ in STALE_COLUMNS if c not in ("reason", "compacted_at")],
-            F.col("_stale").alias("reason"), F.lit(now).alias("compacted_at")) for f in stale]).localCheckpoint(
-            eager=True)
-        report.stale_reasons = {r["reason"]: r["n"] for r in
-                                stale_rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+        stale_rows = reduce(
+            DataFrame.unionByName,
+            [
+                f.where(F.col("_stale").isNotNull()).select(
+                    *[c for c, _ in STALE_COLUMNS if c not in ("reason", "compacted_at")],
+                    F.col("_stale").alias("reason"),
+                    F.lit(now).alias("compacted_at"),
+                )
+                for f in stale
+            ],
+        ).localCheckpoint(eager=True)
+        report.stale_reasons = {
+            r["reason"]: r["n"] for r in stale_rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()
+        }
         report.stale = sum(report.stale_reasons.values())
         stale_rows = stale_rows if report.stale else None
         for reason, n in report.stale_reasons.items():
             STALE.labels(names.table, reason).inc(n)
-        log.warning("%s: %s stale events ignored (%s), recorded in %s", names.state, report.stale,
-                    report.stale_reasons, names.stale)
+        log.warning(
+            "%s: %s stale events ignored (%s), recorded in %s",
+            names.state,
+            report.stale,
+            report.stale_reasons,
+            names.stale,
+        )
     # 4. schema: the table takes every column it can; an event it cannot hold is a dead letter
     plan = schema.plan_columns(schema.data_columns(spark, names), counts["signatures"], policy.max_new_columns)
     if plan.refused:
@@ -377,17 +483,27 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     # 5. tombstones
     ts = F.lit(now)
     tomb_source = changes.where("_action = 'delete'").select(
-        *meta, ts.alias("deleted_at"), (ts + F.expr(f"INTERVAL {int(policy.tombstone_retention.total_seconds())} "
-                                                     "SECONDS")).alias("expires_at"), "_action")
-    tomb_source.unionByName(changes.where("_action <> 'delete'").select(
-        *meta, F.lit(None).cast("timestamp").alias("deleted_at"), F.lit(None).cast("timestamp").alias("expires_at"),
-        "_action")).createOrReplaceTempView("cdclake_tomb_changes")
+        *meta,
+        ts.alias("deleted_at"),
+        (ts + F.expr(f"INTERVAL {int(policy.tombstone_retention.total_seconds())} SECONDS")).alias("expires_at"),
+        "_action",
+    )
+    tomb_source.unionByName(
+        changes.where("_action <> 'delete'").select(
+            *meta,
+            F.lit(None).cast("timestamp").alias("deleted_at"),
+            F.lit(None).cast("timestamp").alias("expires_at"),
+            "_action",
+        )
+    ).createOrReplaceTempView("cdclake_tomb_changes")
     tomb_cols = meta + [n for n, _ in TOMBSTONE_EXTRA]
     points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
-    props = {CLEANER_POINTS_PROPERTY: json.dumps(dict(sorted(points.items())), separators=(",", ":")),
-             STATS_PROPERTY: json.dumps(report.summary()["ranges"], separators=(",", ":")),
-             STALE_PROPERTY: json.dumps(dict(sorted(report.stale_reasons.items())), separators=(",", ":")),
-             **({TRUNCATE_PROPERTY: table_truncate.to_json()} if table_truncate else {})}
+    props = {
+        CLEANER_POINTS_PROPERTY: json.dumps(dict(sorted(points.items())), separators=(",", ":")),
+        STATS_PROPERTY: json.dumps(report.summary()["ranges"], separators=(",", ":")),
+        STALE_PROPERTY: json.dumps(dict(sorted(report.stale_reasons.items())), separators=(",", ":")),
+        **({TRUNCATE_PROPERTY: table_truncate.to_json()} if table_truncate else {}),
+    }
     held_tables = {name for name, _ in held}
     _merge(spark, _write_sql(tomb_t, "cdclake_tomb_changes", tomb_cols, "delete", names.tombstones in held_tables), {})
     step("merge tombstones")
@@ -395,14 +511,18 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     if stale_rows is not None:  # idempotent: a replayed round finds its stale events there already
         stale_rows.createOrReplaceTempView("cdclake_stale")
         cols = ", ".join(schema.quote(c) for c, _ in STALE_COLUMNS)
-        spark.sql(f"MERGE INTO {names.spark(names.stale)} t USING cdclake_stale s ON t._topic = s._topic AND "
-                  f"t._partition_id = s._partition_id AND t._sequence_number = s._sequence_number "
-                  f"WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({', '.join('s.' + schema.quote(c) for c, _ in STALE_COLUMNS)})")
+        values = ", ".join("s." + schema.quote(c) for c, _ in STALE_COLUMNS)
+        spark.sql(
+            f"MERGE INTO {names.spark(names.stale)} t USING cdclake_stale s ON t._topic = s._topic AND "
+            f"t._partition_id = s._partition_id AND t._sequence_number = s._sequence_number "
+            f"WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({values})"
+        )
         step("stale events")
     # 6. state + cleaner points, one snapshot
     before = catalog.load_table(names.state).current_snapshot()
-    _merge(spark, _write_sql(state_t, "cdclake_changes", meta + list(columns), "upsert", names.state in held_tables),
-           props)
+    _merge(
+        spark, _write_sql(state_t, "cdclake_changes", meta + list(columns), "upsert", names.state in held_tables), props
+    )
     after = catalog.load_table(names.state).current_snapshot()
     if after is None or (before is not None and after.snapshot_id == before.snapshot_id):
         # Nothing changed (every event was stale): record the cleaner points alone.
@@ -413,31 +533,70 @@ def _clean(spark: SparkSession, catalog: Catalog, names: TableNames, policy: Com
     crash_point("compact.after-commit")
 
 
-def _refuse(spark: SparkSession, catalog: Catalog, names: TableNames, changes: DataFrame, dirty: DataFrame,
-            refused: dict[str, str], now: datetime) -> tuple[DataFrame, int]:
+def _refuse(
+    spark: SparkSession,
+    catalog: Catalog,
+    names: TableNames,
+    changes: DataFrame,
+    dirty: DataFrame,
+    refused: dict[str, str],
+    now: datetime,
+) -> tuple[DataFrame, int]:
     """Sends the winners whose after-image the state table cannot hold to the dead letters
     (reason `schema`, the raw record from the log) and returns the changes without them
     (their keys keep what they held) and how many. Idempotent: a replayed round adds none twice."""
     why = F.create_map(*[x for sig, reason in sorted(refused.items()) for x in (F.lit(sig), F.lit(reason))])
     is_refused = (F.col("_action") == "upsert") & F.col("_after_types").isin(list(refused))
     rows = changes.where(is_refused).select(
-        F.col("_topic").alias("topic"), F.col("_partition_id").alias("partition"),
-        F.col("_sequence_number").alias("sequence_number"), why[F.col("_after_types")].alias("detail"))
-    letters = dirty.select("topic", "partition", "offset", "sequence_number", "enqueued_time",
-                           F.col("key").cast("binary").alias("key"), "value").join(
-        rows, ["topic", "partition", "sequence_number"]).select(
-        "topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value",
-        F.lit("schema").alias("reason"), "detail", F.lit(now).alias("ingested_at")).localCheckpoint(eager=True)
+        F.col("_topic").alias("topic"),
+        F.col("_partition_id").alias("partition"),
+        F.col("_sequence_number").alias("sequence_number"),
+        why[F.col("_after_types")].alias("detail"),
+    )
+    letters = (
+        dirty.select(
+            "topic",
+            "partition",
+            "offset",
+            "sequence_number",
+            "enqueued_time",
+            F.col("key").cast("binary").alias("key"),
+            "value",
+        )
+        .join(rows, ["topic", "partition", "sequence_number"])
+        .select(
+            "topic",
+            "partition",
+            "offset",
+            "sequence_number",
+            "enqueued_time",
+            "key",
+            "value",
+            F.lit("schema").alias("reason"),
+            "detail",
+            F.lit(now).alias("ingested_at"),
+        )
+        .localCheckpoint(eager=True)
+    )
     n = letters.count()
     if not catalog.table_exists(names.dead_letters):
         catalog.create_table(names.dead_letters, schema=DEAD_LETTER_SCHEMA)
     letters.createOrReplaceTempView("cdclake_refused")
     target = names.spark(names.dead_letters)
-    spark.sql(f"MERGE INTO {target} t USING cdclake_refused s ON t.topic = s.topic AND t.partition = s.partition "
-              f"AND t.sequence_number = s.sequence_number AND t.reason = s.reason WHEN NOT MATCHED THEN INSERT *")
+    spark.sql(
+        f"MERGE INTO {target} t USING cdclake_refused s ON t.topic = s.topic AND t.partition = s.partition "
+        f"AND t.sequence_number = s.sequence_number AND t.reason = s.reason WHEN NOT MATCHED THEN INSERT *"
+    )
     for r in letters.limit(10).collect():
-        log.warning("%s: dead letter at compaction: key %s topic %s partition %s offset %s: %s", names.state,
-                    r["key"], r["topic"], r["partition"], r["offset"], r["detail"])
+        log.warning(
+            "%s: dead letter at compaction: key %s topic %s partition %s offset %s: %s",
+            names.state,
+            r["key"],
+            r["topic"],
+            r["partition"],
+            r["offset"],
+            r["detail"],
+        )
     DEAD_LETTERS.labels(names.table, "schema").inc(n)
     return changes.where(~is_refused), n
 

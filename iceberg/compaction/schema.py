@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from pyspark.sql import SparkSession
 
@@ -67,7 +67,9 @@ def plan_columns(existing: dict[str, str], signatures: Iterable[str], max_new: i
             elif held is None:
                 trial[col] = trial_add[col] = t
             elif (fit := _fits(held, t, col not in existing)) is None:
-                why = f"column {col!r} is {held} in the table but {t} in this event; Iceberg cannot promote {held} to {t}"
+                why = (
+                    f"column {col!r} is {held} in the table but {t} in this event; Iceberg cannot promote {held} to {t}"
+                )
             elif fit != held:
                 if col in existing and col not in add:
                     trial_widen[col] = fit
@@ -77,8 +79,10 @@ def plan_columns(existing: dict[str, str], signatures: Iterable[str], max_new: i
             if why:
                 break
         if why is None and len(add.keys() | trial_add.keys()) > max_new:
-            why = (f"the round would add more than {max_new} columns (limits.max_new_columns); "
-                   f"this event brings {len(trial_add)} new")
+            why = (
+                f"the round would add more than {max_new} columns (limits.max_new_columns); "
+                f"this event brings {len(trial_add)} new"
+            )
         if why:
             refused[sig] = why
             continue
@@ -102,8 +106,9 @@ def ensure_tables(spark: SparkSession, names: TableNames) -> None:
     extra = ", ".join(f"{quote(n)} {t}" for n, t in TOMBSTONE_EXTRA)
     stale = ", ".join(f"{quote(n)} {t}" for n, t in STALE_COLUMNS)
     for name, cols in ((names.state, meta), (names.tombstones, f"{meta}, {extra}"), (names.stale, stale)):
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {names.spark(name)} ({cols}) USING iceberg "
-                  f"TBLPROPERTIES ({TABLE_PROPERTIES})")
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {names.spark(name)} ({cols}) USING iceberg TBLPROPERTIES ({TABLE_PROPERTIES})"
+        )
 
 
 def evolve(spark: SparkSession, names: TableNames, plan: ColumnPlan) -> None:

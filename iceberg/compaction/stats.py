@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Iterator
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -84,7 +84,7 @@ class _Dirty:
     cleanable_events: int = 0
     bounds: dict | None = None
     truncates: int = 0
-    segments: list["Segment"] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,11 @@ def segment(seq: np.ndarray, positions: pa.Array, snapshot: np.ndarray, ordering
         if len(lengths) > 1:
             return None
         width = lengths.pop() if lengths else 0
-        flat = (pc.list_flatten(taken).to_numpy(zero_copy_only=False).reshape(-1, width) if width
-                else np.zeros((int(valid.sum()), 0), np.int64))
+        flat = (
+            pc.list_flatten(taken).to_numpy(zero_copy_only=False).reshape(-1, width)
+            if width
+            else np.zeros((int(valid.sum()), 0), np.int64)
+        )
         # a position-less change takes the last position before it (carried, as the job does)
         last = np.maximum.accumulate(np.where(valid, np.arange(n), -1))
         carried = np.cumsum(valid) - 1
@@ -133,10 +136,22 @@ def segment(seq: np.ndarray, positions: pa.Array, snapshot: np.ndarray, ordering
         keys = keys[lead_n:]
         ordered = ordered and _non_decreasing(keys)
         first = tuple(map(int, keys[0])) if len(keys) else None
-        return Segment(int(seq[order[0]]), int(seq[order[-1]]), ordered, first,
-                       tuple(map(int, keys[-1])) if len(keys) else None, lead)
-    return Segment(int(seq[order[0]]), int(seq[order[-1]]), _non_decreasing(keys), tuple(map(int, keys[0])),
-                   tuple(map(int, keys[-1])), None)
+        return Segment(
+            int(seq[order[0]]),
+            int(seq[order[-1]]),
+            ordered,
+            first,
+            tuple(map(int, keys[-1])) if len(keys) else None,
+            lead,
+        )
+    return Segment(
+        int(seq[order[0]]),
+        int(seq[order[-1]]),
+        _non_decreasing(keys),
+        tuple(map(int, keys[0])),
+        tuple(map(int, keys[-1])),
+        None,
+    )
 
 
 def _non_decreasing(keys: np.ndarray) -> bool:
@@ -173,14 +188,24 @@ def _per_stream(rows: pa.Table, points: dict[str, int], streams: list[str]) -> I
     """Each stream's rows of a chunk at or past its cleaner point."""
     for stream in streams:
         topic, part = stream.rsplit(":", 1)
-        mine = rows.filter(pc.and_(pc.and_(pc.equal(rows["topic"], topic), pc.equal(rows["partition"], int(part))),
-                                   pc.greater_equal(rows["sequence_number"], points.get(stream, 0))))
+        mine = rows.filter(
+            pc.and_(
+                pc.and_(pc.equal(rows["topic"], topic), pc.equal(rows["partition"], int(part))),
+                pc.greater_equal(rows["sequence_number"], points.get(stream, 0)),
+            )
+        )
         if mine.num_rows:
             yield stream, mine
 
 
-def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime,
-                 bounds: bool = False, chunk_rows: int = CHUNK_ROWS) -> list[StreamStats]:
+def stream_stats(
+    catalog: Catalog,
+    names: TableNames,
+    policy: CompactionPolicy,
+    now: datetime,
+    bounds: bool = False,
+    chunk_rows: int = CHUNK_ROWS,
+) -> list[StreamStats]:
     """Per stream; with `bounds`, also the cleanable range's packing bounds and truncates,
     from the same scan (the compaction job's first step reads no more than this)."""
     log = catalog.load_table(names.log)
@@ -192,15 +217,21 @@ def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, 
     dirty = GreaterThanOrEqual("sequence_number", min(points.get(s, 0) for s in streams))
     # A stream's cleanable range ends before its first event younger than min_compaction_lag
     # (files without one are skipped by their enqueued_time bounds); a naive `now` is UTC.
-    cutoff = (now if now.tzinfo else now.replace(tzinfo=timezone.utc)) - policy.min_compaction_lag
+    cutoff = (now if now.tzinfo else now.replace(tzinfo=UTC)) - policy.min_compaction_lag
     young: dict[str, int] = {}
-    for rows in _chunks(log.scan(row_filter=And(dirty, GreaterThan("enqueued_time", cutoff.isoformat())),
-                                 selected_fields=("topic", "partition", "sequence_number")), chunk_rows):
+    for rows in _chunks(
+        log.scan(
+            row_filter=And(dirty, GreaterThan("enqueued_time", cutoff.isoformat())),
+            selected_fields=("topic", "partition", "sequence_number"),
+        ),
+        chunk_rows,
+    ):
         for stream, mine in _per_stream(rows, points, streams):
             first = pc.min(mine["sequence_number"]).as_py()
             young[stream] = min(young.get(stream, first), first)
     columns = ("topic", "partition", "sequence_number", "payload_bytes", "enqueued_time") + (
-        ("op", "source_position", "snapshot") if bounds else ())
+        ("op", "source_position", "snapshot") if bounds else ()
+    )
     totals = {s: _Dirty() for s in streams}
     for rows in _chunks(log.scan(row_filter=dirty, selected_fields=columns), chunk_rows):
         for stream, mine in _per_stream(rows, points, streams):
@@ -210,13 +241,29 @@ def stream_stats(catalog: Catalog, names: TableNames, policy: CompactionPolicy, 
     for stream, d in totals.items():
         point = points.get(stream, 0)
         end = young.get(stream, d.max_seq + 1 if d.events else point)
-        out.append(StreamStats(
-            stream=stream, cleaner_point=point, clean_bytes=clean.get(stream, 0), dirty_bytes=d.bytes,
-            cleanable_bytes=d.cleanable_bytes, cleanable_end=end, first_dirty_time=d.first_time,
-            dirty_events=d.events, cleanable_events=d.cleanable_events,
-            **({"bounds": d.bounds or _bounds(log.schema().select(*columns).as_arrow().empty_table(), policy)["bounds"],
-                "truncates": d.truncates, "monotone": in_order(d.segments)} if bounds else {}),
-        ))
+        out.append(
+            StreamStats(
+                stream=stream,
+                cleaner_point=point,
+                clean_bytes=clean.get(stream, 0),
+                dirty_bytes=d.bytes,
+                cleanable_bytes=d.cleanable_bytes,
+                cleanable_end=end,
+                first_dirty_time=d.first_time,
+                dirty_events=d.events,
+                cleanable_events=d.cleanable_events,
+                **(
+                    {
+                        "bounds": d.bounds
+                        or _bounds(log.schema().select(*columns).as_arrow().empty_table(), policy)["bounds"],
+                        "truncates": d.truncates,
+                        "monotone": in_order(d.segments),
+                    }
+                    if bounds
+                    else {}
+                ),
+            )
+        )
     return out
 
 
@@ -238,8 +285,14 @@ def _add(d: _Dirty, mine: pa.Table, end: int | None, policy: CompactionPolicy | 
         d.truncates += got["truncates"]
         events = cleanable.filter(pc.not_equal(cleanable["op"], "t").fill_null(True))
         if events.num_rows:
-            d.segments.append(segment(events["sequence_number"].to_numpy(), events["source_position"].combine_chunks(),
-                                      events["snapshot"].to_numpy(), policy.ordering))
+            d.segments.append(
+                segment(
+                    events["sequence_number"].to_numpy(),
+                    events["source_position"].combine_chunks(),
+                    events["snapshot"].to_numpy(),
+                    policy.ordering,
+                )
+            )
 
 
 def _bounds(rows: pa.Table, policy: CompactionPolicy) -> dict:
@@ -247,7 +300,12 @@ def _bounds(rows: pa.Table, policy: CompactionPolicy) -> dict:
 
     truncate = pc.equal(rows["op"], "t").fill_null(False)
     events = rows.select(["source_position", "partition", "sequence_number"]).filter(pc.invert(truncate))
-    position = (events["source_position"] if policy.ordering == "source"
-                else pa.nulls(events.num_rows, events.schema.field("source_position").type))
-    return {"bounds": arrow_bounds(position, events["partition"], events["sequence_number"]),
-            "truncates": pc.sum(truncate.cast(pa.int64())).as_py() or 0}
+    position = (
+        events["source_position"]
+        if policy.ordering == "source"
+        else pa.nulls(events.num_rows, events.schema.field("source_position").type)
+    )
+    return {
+        "bounds": arrow_bounds(position, events["partition"], events["sequence_number"]),
+        "truncates": pc.sum(truncate.cast(pa.int64())).as_py() or 0,
+    }

@@ -47,9 +47,12 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
     src = work / "events.jsonl"
     n = generate(src, n, k, args.partitions, args.width)
     expected = live_keys(src)
-    settings = load_settings(work_dir=args.lake or root / "lake", catalog={"namespace": f"bench_n{n}_k{k}"},
-                             source={"type": "file", "path": str(src), "batch_size": args.ingest_batch},
-                             spark={"driver_memory": args.driver_memory})
+    settings = load_settings(
+        work_dir=args.lake or root / "lake",
+        catalog={"namespace": f"bench_n{n}_k{k}"},
+        source={"type": "file", "path": str(src), "batch_size": args.ingest_batch},
+        spark={"driver_memory": args.driver_memory},
+    )
     from iceberg.spark import get_spark
 
     systems.drop_namespace(settings)  # a rerun starts from empty tables, not from the last run's positions
@@ -60,8 +63,10 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
     for i in range(args.repeat if n <= args.repeat_max else 1):  # interleaved: both see the same machine
         if i:
             systems.drop_namespace(settings)
-            console.print(f"repeat {i + 1} of {args.repeat} (last run: ours {sum(ours_runs[-1]):.1f} s, "
-                          f"naive MERGE {naive_runs[-1]:.1f} s)")
+            console.print(
+                f"repeat {i + 1} of {args.repeat} (last run: ours {sum(ours_runs[-1]):.1f} s, "
+                f"naive MERGE {naive_runs[-1]:.1f} s)"
+            )
         _, ingest_s = timed(systems.ours_ingest, settings)
         _, compact_s = timed(systems.ours_compact, settings)
         assert systems.live(settings, "items", "_key") == expected, "this pipeline disagrees with the model"
@@ -130,36 +135,78 @@ def spread(f: dict, system: str) -> str:
 
 
 def report(figs: list[dict]) -> None:
-    t = Table("N", "K", "ours s (runs)", "ingest s", "compact s", "events/s", "naive MERGE s (runs)",
-              "pyiceberg upsert s", "DuckDB floor s", "naive/ours", "upsert/ours", "compact/DuckDB",
-              "JVM peak MB ours/all", "Python peak MB ours/all",
-              title="end to end on one generated stream (same live rows checked)")
+    t = Table(
+        "N",
+        "K",
+        "ours s (runs)",
+        "ingest s",
+        "compact s",
+        "events/s",
+        "naive MERGE s (runs)",
+        "pyiceberg upsert s",
+        "DuckDB floor s",
+        "naive/ours",
+        "upsert/ours",
+        "compact/DuckDB",
+        "JVM peak MB ours/all",
+        "Python peak MB ours/all",
+        title="end to end on one generated stream (same live rows checked)",
+    )
     for f in figs:
         up = f.get("pyiceberg_upsert_s")
-        t.add_row(f"{f['events']:,}", f"{f['keys']:,}", spread(f, "ours"), f"{f['ours_ingest_s']:.1f}",
-                  f"{f['ours_compact_s']:.1f}", f"{f['events_per_s']:,.0f}", spread(f, "naive_merge"),
-                  f"{up:.1f}" if up else "skipped", f"{f['duckdb_floor_s']:.2f}",
-                  f"{f['naive_merge_s'] / f['ours_s']:.2f}", f"{up / f['ours_s']:.2f}" if up else "-",
-                  f"{f['ours_compact_s'] / f['duckdb_floor_s']:.1f}",
-                  f"{f['jvm_peak_after_ours_mb']:.0f} / {f['jvm_peak_rss_mb']:.0f}",
-                  f"{f['python_peak_after_ours_mb']:.0f} / {f['python_peak_rss_mb']:.0f}")
+        t.add_row(
+            f"{f['events']:,}",
+            f"{f['keys']:,}",
+            spread(f, "ours"),
+            f"{f['ours_ingest_s']:.1f}",
+            f"{f['ours_compact_s']:.1f}",
+            f"{f['events_per_s']:,.0f}",
+            spread(f, "naive_merge"),
+            f"{up:.1f}" if up else "skipped",
+            f"{f['duckdb_floor_s']:.2f}",
+            f"{f['naive_merge_s'] / f['ours_s']:.2f}",
+            f"{up / f['ours_s']:.2f}" if up else "-",
+            f"{f['ours_compact_s'] / f['duckdb_floor_s']:.1f}",
+            f"{f['jvm_peak_after_ours_mb']:.0f} / {f['jvm_peak_rss_mb']:.0f}",
+            f"{f['python_peak_after_ours_mb']:.0f} / {f['python_peak_rss_mb']:.0f}",
+        )
     console.print(t)
-    files = Table("N", "K", "log files/MB", "state files/MB", "tombstone files/MB", "naive files/MB",
-                  "incremental compact s (events)", title="files and bytes per table after the run")
+    files = Table(
+        "N",
+        "K",
+        "log files/MB",
+        "state files/MB",
+        "tombstone files/MB",
+        "naive files/MB",
+        "incremental compact s (events)",
+        title="files and bytes per table after the run",
+    )
     for f in figs:
-        mb = lambda name: f"{f[f'files_{name}']} / {f[f'bytes_{name}'] / 2**20:.1f}"  # noqa: E731
+
+        def mb(name: str, f: dict = f) -> str:
+            return f"{f[f'files_{name}']} / {f[f'bytes_{name}'] / 2**20:.1f}"
+
         inc = f.get("ours_incremental_compact_s")
-        files.add_row(f"{f['events']:,}", f"{f['keys']:,}", mb("items__log"), mb("items"), mb("items__tombstones"),
-                      mb("naive"), f"{inc:.1f} ({f['incremental_events']:,})" if inc else "-")
+        files.add_row(
+            f"{f['events']:,}",
+            f"{f['keys']:,}",
+            mb("items__log"),
+            mb("items"),
+            mb("items__tombstones"),
+            mb("naive"),
+            f"{inc:.1f} ({f['incremental_events']:,})" if inc else "-",
+        )
     console.print(files)
     for f in figs:
         rounds = f.get("ours_rounds_s", [])
         if len(rounds) > 1:
             tenth = max(1, len(rounds) // 10)
-            console.print(f"N={f['events']:,} K={f['keys']:,}: {len(rounds)} incremental rounds of "
-                          f"{f['incremental_events']:,} events: compaction median {statistics.median(rounds):.2f} s, "
-                          f"first {tenth} {statistics.mean(rounds[:tenth]):.2f} s, last {tenth} "
-                          f"{statistics.mean(rounds[-tenth:]):.2f} s (mean), max {max(rounds):.2f} s")
+            console.print(
+                f"N={f['events']:,} K={f['keys']:,}: {len(rounds)} incremental rounds of "
+                f"{f['incremental_events']:,} events: compaction median {statistics.median(rounds):.2f} s, "
+                f"first {tenth} {statistics.mean(rounds[:tenth]):.2f} s, last {tenth} "
+                f"{statistics.mean(rounds[-tenth:]):.2f} s (mean), max {max(rounds):.2f} s"
+            )
     for f in figs:
         checks = [("naive MERGE per micro-batch >= 2x slower", f["naive_merge_s"] / f["ours_s"] >= 2)]
         if f.get("pyiceberg_upsert_s"):
@@ -168,8 +215,10 @@ def report(figs: list[dict]) -> None:
         if f["events"] >= 10_000_000 and f["keys"] >= 1_000_000:
             checks.append(("10M events / 1M keys end to end < 120 s", f["ours_s"] < 120))
         for name, ok in checks:
-            console.print(f"N={f['events']:,} K={f['keys']:,}: target {name}: "
-                          + ("[green]holds[/green]" if ok else "[red]missed[/red]"))
+            console.print(
+                f"N={f['events']:,} K={f['keys']:,}: target {name}: "
+                + ("[green]holds[/green]" if ok else "[red]missed[/red]")
+            )
 
 
 def chart(figs: list[dict], path: Path) -> None:
@@ -181,8 +230,12 @@ def chart(figs: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len({f["keys"] for f in figs}), figsize=(11, 4), squeeze=False)
     for ax, k in zip(axes[0], sorted({f["keys"] for f in figs})):
         rows = sorted((f for f in figs if f["keys"] == k), key=lambda f: f["events"])
-        for key, label in (("ours_s", "this pipeline"), ("naive_merge_s", "naive MERGE per micro-batch"),
-                           ("pyiceberg_upsert_s", "pyiceberg upsert"), ("duckdb_floor_s", "DuckDB floor (dedupe)")):
+        for key, label in (
+            ("ours_s", "this pipeline"),
+            ("naive_merge_s", "naive MERGE per micro-batch"),
+            ("pyiceberg_upsert_s", "pyiceberg upsert"),
+            ("duckdb_floor_s", "DuckDB floor (dedupe)"),
+        ):
             pts = [(f["events"], f[key]) for f in rows if f.get(key)]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label)
@@ -207,19 +260,33 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--scaling", action="store_true", help="N = 1M, 5M (and 10M with --big) x K = 10k, 1M")
     ap.add_argument("--big", action="store_true", help="include the 10M runs")
     ap.add_argument("--incremental", action="store_true", help="then compact 1%% new events into the result")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="with --incremental: this many rounds of 1%% new events each, one after the other (does "
-                         "a round cost more the more rounds came before it?)")
-    ap.add_argument("--repeat", type=int, default=3,
-                    help="run this pipeline and naive MERGE this many times, interleaved, at N <= --repeat-max, "
-                         "and report each one's median (single runs varied by up to 50%% on a 2-core machine)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --incremental: this many rounds of 1%% new events each, one after the other (does "
+        "a round cost more the more rounds came before it?)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="run this pipeline and naive MERGE this many times, interleaved, at N <= --repeat-max, "
+        "and report each one's median (single runs varied by up to 50%% on a 2-core machine)",
+    )
     ap.add_argument("--repeat-max", type=int, default=1_000_000)
     ap.add_argument("--driver-memory", default="4g")
-    ap.add_argument("--no-warmup", action="store_true",
-                    help="time the first runs in a cold JVM (default: every system runs once on 100k events first)")
-    ap.add_argument("--keep-inputs", action="store_true",
-                    help="keep each run's generated stream, batches and Parquet under <out> (default: removed "
-                         "after the run; the tables stay in the lake)")
+    ap.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="time the first runs in a cold JVM (default: every system runs once on 100k events first)",
+    )
+    ap.add_argument(
+        "--keep-inputs",
+        action="store_true",
+        help="keep each run's generated stream, batches and Parquet under <out> (default: removed "
+        "after the run; the tables stay in the lake)",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--lake", type=Path, help="work dir of the catalog (default <out>/lake)")
     args = ap.parse_args(argv)
@@ -233,15 +300,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     root = args.out.resolve()
     grid = [(args.events, args.keys)]
     if args.scaling:
-        grid = [(n, k) for k in (10_000, 1_000_000) for n in (1_000_000, 5_000_000, 10_000_000)
-                if n < 10_000_000 or args.big]
+        grid = [
+            (n, k)
+            for k in (10_000, 1_000_000)
+            for n in (1_000_000, 5_000_000, 10_000_000)
+            if n < 10_000_000 or args.big
+        ]
     holder: dict = {}
     if not args.no_warmup:  # the JVM compiles its hot paths on first use; no system should pay that alone
         console.rule("warm-up: every system once on up to 100,000 events (not reported)")
         warm = min(args.events, 100_000)
-        run_once(root, warm, min(args.keys, warm // 10),
-                 argparse.Namespace(**{**vars(args), "incremental": False, "repeat": 1}),
-                 holder)
+        run_once(
+            root,
+            warm,
+            min(args.keys, warm // 10),
+            argparse.Namespace(**{**vars(args), "incremental": False, "repeat": 1}),
+            holder,
+        )
     figs = []
     for n, k in grid:
         console.rule(f"N = {n:,}, K = {k:,}")

@@ -11,8 +11,9 @@ from pathlib import Path
 TOPIC = "bench.public.items"
 
 
-def generate(path: Path, events: int, keys: int, partitions: int = 4, width: int = 100, seed: int = 1,
-             lsn0: int = 1000) -> int:
+def generate(
+    path: Path, events: int, keys: int, partitions: int = 4, width: int = 100, seed: int = 1, lsn0: int = 1000
+) -> int:
     rng = random.Random(seed)
     alive: set[int] = set()
     offsets = [0] * partitions
@@ -31,13 +32,31 @@ def generate(path: Path, events: int, keys: int, partitions: int = 4, width: int
                 op = "u" if k in alive else "c"
                 after = {"id": k, "v": lsn, "pad": pad}
                 alive.add(k)
-            value = json.dumps({"op": op, "before": None, "after": after, "ts_ms": 1_700_000_000_000,
-                                "source": {"connector": "postgresql", "table": "items", "lsn": lsn}},
-                               separators=(",", ":"))
+            value = json.dumps(
+                {
+                    "op": op,
+                    "before": None,
+                    "after": after,
+                    "ts_ms": 1_700_000_000_000,
+                    "source": {"connector": "postgresql", "table": "items", "lsn": lsn},
+                },
+                separators=(",", ":"),
+            )
             key = f'{{"id":{k}}}'
-            for payload in ([value, None] if op == "d" else [value]):
-                f.write(json.dumps({"topic": TOPIC, "partition": p, "offset": offsets[p],
-                                    "ts": 1_700_000_000_000 + written, "key": key, "payload": payload}) + "\n")
+            for payload in [value, None] if op == "d" else [value]:
+                f.write(
+                    json.dumps(
+                        {
+                            "topic": TOPIC,
+                            "partition": p,
+                            "offset": offsets[p],
+                            "ts": 1_700_000_000_000 + written,
+                            "key": key,
+                            "payload": payload,
+                        }
+                    )
+                    + "\n"
+                )
                 offsets[p] += 1
                 written += 1
     return written

@@ -73,25 +73,39 @@ def naive_spark_merge(spark, settings: Settings, batches_dir: Path, checkpoint: 
     spark.sql(f"CREATE TABLE {target} (k string, id bigint, v bigint, pad string, lsn bigint) USING iceberg")
 
     def merge(df, _batch_id):
-        parsed = df.select(F.col("key").alias("k"), "partition", "offset",
-                           F.from_json("payload", PAYLOAD).alias("p"))
-        rows = parsed.select("k", "partition", "offset", F.coalesce(F.col("p.op"), F.lit("d")).alias("op"),
-                             "p.after.id", "p.after.v", "p.after.pad", F.col("p.source.lsn").alias("lsn"))
-        latest = rows.withColumn("rn", F.row_number().over(
-            Window.partitionBy("k").orderBy(F.col("partition").desc(), F.col("offset").desc()))).where("rn = 1")
+        parsed = df.select(F.col("key").alias("k"), "partition", "offset", F.from_json("payload", PAYLOAD).alias("p"))
+        rows = parsed.select(
+            "k",
+            "partition",
+            "offset",
+            F.coalesce(F.col("p.op"), F.lit("d")).alias("op"),
+            "p.after.id",
+            "p.after.v",
+            "p.after.pad",
+            F.col("p.source.lsn").alias("lsn"),
+        )
+        latest = rows.withColumn(
+            "rn",
+            F.row_number().over(Window.partitionBy("k").orderBy(F.col("partition").desc(), F.col("offset").desc())),
+        ).where("rn = 1")
         latest.createOrReplaceTempView("naive_batch")
         df.sparkSession.sql(
             f"MERGE INTO {target} t USING naive_batch s ON t.k = s.k "
             "WHEN MATCHED AND s.op = 'd' THEN DELETE "
             "WHEN MATCHED THEN UPDATE SET t.id = s.id, t.v = s.v, t.pad = s.pad, t.lsn = s.lsn "
-            "WHEN NOT MATCHED AND s.op != 'd' THEN INSERT (k, id, v, pad, lsn) VALUES (s.k, s.id, s.v, s.pad, s.lsn)")
+            "WHEN NOT MATCHED AND s.op != 'd' THEN INSERT (k, id, v, pad, lsn) VALUES (s.k, s.id, s.v, s.pad, s.lsn)"
+        )
 
     shutil.rmtree(checkpoint, ignore_errors=True)
-    query = (spark.readStream.schema("topic string, partition int, offset bigint, ts bigint, key string, "
-                                     "payload string")
-             .option("maxFilesPerTrigger", 1).json(str(batches_dir))
-             .writeStream.foreachBatch(merge).trigger(availableNow=True)
-             .option("checkpointLocation", str(checkpoint)).start())
+    query = (
+        spark.readStream.schema("topic string, partition int, offset bigint, ts bigint, key string, payload string")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(batches_dir))
+        .writeStream.foreachBatch(merge)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
     query.awaitTermination()
 
 
@@ -103,8 +117,15 @@ def pyiceberg_upsert(settings: Settings, src: Path, batch: int) -> None:
     name = f"{settings.catalog.namespace}.upsert_items"
     if catalog.table_exists(name):
         catalog.drop_table(name)
-    schema = pa.schema([pa.field("k", pa.string(), nullable=False), pa.field("id", pa.int64()),
-                        pa.field("v", pa.int64()), pa.field("pad", pa.string()), pa.field("lsn", pa.int64())])
+    schema = pa.schema(
+        [
+            pa.field("k", pa.string(), nullable=False),
+            pa.field("id", pa.int64()),
+            pa.field("v", pa.int64()),
+            pa.field("pad", pa.string()),
+            pa.field("lsn", pa.int64()),
+        ]
+    )
     table = catalog.create_table(name, schema=schema)
 
     with table.update_schema() as u:
@@ -115,8 +136,11 @@ def pyiceberg_upsert(settings: Settings, src: Path, batch: int) -> None:
             for line in chunk:  # a batch may not hold a key twice for upsert
                 r = orjson.loads(line)
                 doc = orjson.loads(r["payload"]) if r["payload"] else None
-                latest[r["key"]] = None if doc is None or doc["op"] == "d" else {
-                    "k": r["key"], **doc["after"], "lsn": doc["source"]["lsn"]}
+                latest[r["key"]] = (
+                    None
+                    if doc is None or doc["op"] == "d"
+                    else {"k": r["key"], **doc["after"], "lsn": doc["source"]["lsn"]}
+                )
             live = [v for v in latest.values() if v is not None]
             gone = [k for k, v in latest.items() if v is None]
             if live:

@@ -9,8 +9,26 @@ pytestmark = pytest.mark.spark
 
 
 def test_benchmark_smoke(spark, work_root, tmp_path):
-    figs = main(["--events", "20000", "--keys", "2000", "--batch", "5000", "--incremental", "--rounds", "2", "--no-warmup",
-                 "--repeat", "2", "--out", str(tmp_path), "--lake", str(work_root)])
+    figs = main(
+        [
+            "--events",
+            "20000",
+            "--keys",
+            "2000",
+            "--batch",
+            "5000",
+            "--incremental",
+            "--rounds",
+            "2",
+            "--no-warmup",
+            "--repeat",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--lake",
+            str(work_root),
+        ]
+    )
     fig = figs[0]
     assert fig["events"] >= 20000 and fig["duckdb_floor_s"] > 0
     assert len(fig["ours_runs_s"]) == len(fig["naive_merge_runs_s"]) == len(fig["ours_rounds_s"]) == 2

@@ -4,8 +4,8 @@ served by a PartitionReader. No Event Hubs emulator runs here: this is the SDK b
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from azure.eventhub import EventData
 from azure.eventhub._pyamqp._encode import encode_payload
@@ -13,12 +13,20 @@ from azure.eventhub._pyamqp.message import Message
 from azure.eventhub._pyamqp.types import TYPE, VALUE, AMQPTypes
 
 
-def amqp_event(seq: int, offset: str, enqueued_ms: int, partition_key: str | None, body: bytes | None,
-               properties: dict | None = None) -> EventData:
+def amqp_event(
+    seq: int,
+    offset: str,
+    enqueued_ms: int,
+    partition_key: str | None,
+    body: bytes | None,
+    properties: dict | None = None,
+) -> EventData:
     """An event as the service delivers it: annotations carry AMQP types; no body = tombstone."""
-    ann = {b"x-opt-sequence-number": {TYPE: AMQPTypes.long, VALUE: seq},
-           b"x-opt-offset": {TYPE: AMQPTypes.string, VALUE: offset},
-           b"x-opt-enqueued-time": {TYPE: AMQPTypes.timestamp, VALUE: enqueued_ms}}
+    ann = {
+        b"x-opt-sequence-number": {TYPE: AMQPTypes.long, VALUE: seq},
+        b"x-opt-offset": {TYPE: AMQPTypes.string, VALUE: offset},
+        b"x-opt-enqueued-time": {TYPE: AMQPTypes.timestamp, VALUE: enqueued_ms},
+    }
     if partition_key is not None:
         ann[b"x-opt-partition-key"] = {TYPE: AMQPTypes.string, VALUE: partition_key}
     kwargs = {"message_annotations": ann}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import orjson
 import pyarrow as pa
@@ -17,7 +17,7 @@ from connector.records import DeadLetter, SourceRecord
 from connector.sources import file as file_source
 from connector.sources.file import FileSource
 
-NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def reference(records: list[SourceRecord], key_fields=None):
@@ -28,7 +28,10 @@ def reference(records: list[SourceRecord], key_fields=None):
         out = d.decode(r)
         (letters if isinstance(out, DeadLetter) else events).setdefault(out.table, []).append(out)
     rows = {t: normal(log_rows(e, NOW)) for t, e in events.items()}
-    dead = {t: sorted((x.record.stream, x.record.sequence_number, x.reason, x.detail) for x in v) for t, v in letters.items()}
+    dead = {
+        t: sorted((x.record.stream, x.record.sequence_number, x.reason, x.detail) for x in v)
+        for t, v in letters.items()
+    }
     return rows, dead, d.topic_tables()
 
 
@@ -44,8 +47,10 @@ def batched(records: list[SourceRecord], key_fields=None, split: int = 0, chunk:
         for t, v in out.letters.items():
             letters.setdefault(t, []).extend(v)
     rows = {t: normal(pa.concat_tables(p)) for t, p in parts.items()}
-    dead = {t: sorted((x.record.stream, x.record.sequence_number, x.reason, x.detail) for x in v)
-            for t, v in letters.items()}
+    dead = {
+        t: sorted((x.record.stream, x.record.sequence_number, x.reason, x.detail) for x in v)
+        for t, v in letters.items()
+    }
     return rows, dead, d.topic_tables()
 
 
@@ -65,21 +70,46 @@ def record(i: int, topic: str, key: bytes | None, value: bytes | None, partition
 
 
 scalars = st.one_of(
-    st.integers(-(2**63), 2**63 - 1), st.integers(2**63, 2**70), st.floats(allow_nan=False, allow_infinity=False),
-    st.sampled_from([5.0, -0.0, 0.5, 1e-7, 1e20]), st.booleans(), st.none(),
-    st.text(max_size=8), st.sampled_from(['say "hi"', "back\\slash", "tab\there", "é ✓ 𝄞", "2024-01-01T00:00:00Z"]),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(2**63, 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([5.0, -0.0, 0.5, 1e-7, 1e20]),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=8),
+    st.sampled_from(['say "hi"', "back\\slash", "tab\there", "é ✓ 𝄞", "2024-01-01T00:00:00Z"]),
 )
-afters = st.one_of(st.none(), st.dictionaries(st.sampled_from(["id", "name", "v", "w x", 'q"']), st.one_of(
-    scalars, st.lists(st.integers(), max_size=2), st.dictionaries(st.just("n"), st.integers(), max_size=1)),
-    max_size=4), st.fixed_dictionaries({"id": st.integers(0, 9)}, optional={  # columns that keep one kind
-    "amount": st.one_of(st.integers(-5, 5), st.floats(-5, 5)), "label": st.text(max_size=4), "flag": st.booleans()}))
-sources = st.one_of(st.none(), st.fixed_dictionaries({
-    "connector": st.sampled_from(["postgresql", "PostgreSQL", "mysql"]),
-    "table": st.sampled_from(["items", "orders", "Odd Name", "", "2024-01-01"]),
-    "lsn": st.one_of(st.integers(0, 2**40), st.none()),
-    "snapshot": st.sampled_from(["true", "false", "last", "incremental", True, False, None]),
-    "ts_ms": st.sampled_from([0, 1700000000000, None]),
-}, optional={"file": st.just("mysql-bin.000003"), "pos": st.integers(0, 999)}))
+afters = st.one_of(
+    st.none(),
+    st.dictionaries(
+        st.sampled_from(["id", "name", "v", "w x", 'q"']),
+        st.one_of(
+            scalars, st.lists(st.integers(), max_size=2), st.dictionaries(st.just("n"), st.integers(), max_size=1)
+        ),
+        max_size=4,
+    ),
+    st.fixed_dictionaries(
+        {"id": st.integers(0, 9)},
+        optional={  # columns that keep one kind
+            "amount": st.one_of(st.integers(-5, 5), st.floats(-5, 5)),
+            "label": st.text(max_size=4),
+            "flag": st.booleans(),
+        },
+    ),
+)
+sources = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {
+            "connector": st.sampled_from(["postgresql", "PostgreSQL", "mysql"]),
+            "table": st.sampled_from(["items", "orders", "Odd Name", "", "2024-01-01"]),
+            "lsn": st.one_of(st.integers(0, 2**40), st.none()),
+            "snapshot": st.sampled_from(["true", "false", "last", "incremental", True, False, None]),
+            "ts_ms": st.sampled_from([0, 1700000000000, None]),
+        },
+        optional={"file": st.just("mysql-bin.000003"), "pos": st.integers(0, 999)},
+    ),
+)
 
 
 @st.composite
@@ -89,8 +119,13 @@ def values(draw) -> bytes | None:
         return None
     if kind == "not-json":
         return b"{not json"
-    doc = {"op": draw(st.sampled_from(["c", "u", "d", "r", "c", "u", "t", "x"])), "before": None,
-           "after": draw(afters), "source": draw(sources), "ts_ms": draw(st.sampled_from([1700000000001, None]))}
+    doc = {
+        "op": draw(st.sampled_from(["c", "u", "d", "r", "c", "u", "t", "x"])),
+        "before": None,
+        "after": draw(afters),
+        "source": draw(sources),
+        "ts_ms": draw(st.sampled_from([1700000000001, None])),
+    }
     if kind == "schema":
         doc = {"schema": {"type": "struct", "fields": []}, "payload": doc}
     if kind == "unwrapped":
@@ -98,11 +133,27 @@ def values(draw) -> bytes | None:
     return json.dumps(doc, indent=1 if kind == "pretty" else None).encode()
 
 
-keys = st.one_of(st.none(), st.just(b"null"), st.just(b"plain-key"), st.integers(0, 5).map(lambda i: b'{"id":%d}' % i),
-                 st.dictionaries(st.sampled_from(["z", "id", "a b"]), st.one_of(
-                     st.integers(-3, 3), st.text(max_size=3), st.booleans(), st.none(), st.floats(0, 2),
-                     st.lists(st.integers(), max_size=1)), min_size=1, max_size=3).map(lambda d: json.dumps(d).encode()),
-                 st.just(b'{"schema":{"type":"int32"},"payload":7}'), st.just(b'{"id": 1 }'))
+keys = st.one_of(
+    st.none(),
+    st.just(b"null"),
+    st.just(b"plain-key"),
+    st.integers(0, 5).map(lambda i: b'{"id":%d}' % i),
+    st.dictionaries(
+        st.sampled_from(["z", "id", "a b"]),
+        st.one_of(
+            st.integers(-3, 3),
+            st.text(max_size=3),
+            st.booleans(),
+            st.none(),
+            st.floats(0, 2),
+            st.lists(st.integers(), max_size=1),
+        ),
+        min_size=1,
+        max_size=3,
+    ).map(lambda d: json.dumps(d).encode()),
+    st.just(b'{"schema":{"type":"int32"},"payload":7}'),
+    st.just(b'{"id": 1 }'),
+)
 
 
 @st.composite
@@ -113,7 +164,9 @@ def batches(draw) -> list[SourceRecord]:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batches(), st.sampled_from([None, {"orders": ["id"]}]), st.integers(0, 25), st.sampled_from([DECODE_CHUNK, 1, 3]))
+@given(
+    batches(), st.sampled_from([None, {"orders": ["id"]}]), st.integers(0, 25), st.sampled_from([DECODE_CHUNK, 1, 3])
+)
 def test_batch_decode_gives_what_the_record_decoder_gives(records, key_fields, split, chunk):
     """Over two batches: the second one routes bare tombstones by what the first taught.
     Small chunks decode a topic's records in several parts on threads, to the same rows."""
@@ -125,7 +178,9 @@ def test_real_samples_decode_alike(fixtures):
     for path in sorted(fixtures.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             if line.strip():
-                records.append(record(len(records), "srv.inventory." + path.stem.split("_")[1], b'{"id":1}', line.encode()))
+                records.append(
+                    record(len(records), "srv.inventory." + path.stem.split("_")[1], b'{"id":1}', line.encode())
+                )
     assert batched(records, {"customers": ["id"]}) == reference(records, {"customers": ["id"]})
 
 
@@ -139,9 +194,14 @@ class Counting(Decoder):
 
 @pytest.mark.parametrize("line_break", ["\n", "\r\n"])
 def test_plain_postgres_events_take_the_arrow_route(line_break):
-    events = [{"op": op, "after": None if op == "d" else {"id": i, "price": 1.25, "name": f'n"{i}', "ok": True},
-               "source": {"connector": "postgresql", "table": "items", "lsn": 100 + i, "snapshot": "false"}}
-              for i, op in enumerate(["r", "c", "u", "d"])]
+    events = [
+        {
+            "op": op,
+            "after": None if op == "d" else {"id": i, "price": 1.25, "name": f'n"{i}', "ok": True},
+            "source": {"connector": "postgresql", "table": "items", "lsn": 100 + i, "snapshot": "false"},
+        }
+        for i, op in enumerate(["r", "c", "u", "d"])
+    ]
     records = [record(i, "srv.public.items", b'{"id":%d}' % i, json.dumps(e).encode()) for i, e in enumerate(events)]
     records.append(record(4, "srv.public.items", b'{"id":3}', None))  # topic not known yet: record route
     records.append(record(5, "srv.public.items", b'{"id":2}', None))
@@ -156,15 +216,32 @@ def test_plain_postgres_events_take_the_arrow_route(line_break):
     assert normal(pa.concat_tables(got)) == reference(records)[0]["items"]
 
 
-@pytest.mark.parametrize("odd, switches", [
-    ({"headers": ["h", "v"]}, True), ({"sequence_number": 30, "partition_key": "pk"}, True),
-    ({"enqueued_time": "2024-05-01T10:00:00Z"}, True), ({"offset": "30"}, True), ({"key": {"id": 30}}, True),
-    ({"topic": ""}, True), ({"topic": None}, False),  # a missing topic is source.topic's on both routes
-])
+@pytest.mark.parametrize(
+    "odd, switches",
+    [
+        ({"headers": ["h", "v"]}, True),
+        ({"sequence_number": 30, "partition_key": "pk"}, True),
+        ({"enqueued_time": "2024-05-01T10:00:00Z"}, True),
+        ({"offset": "30"}, True),
+        ({"key": {"id": 30}}, True),
+        ({"topic": ""}, True),
+        ({"topic": None}, False),  # a missing topic is source.topic's on both routes
+    ],
+)
 def test_file_source_columns_match_the_line_reader_and_switch_mid_file(tmp_path, monkeypatch, odd, switches):
     monkeypatch.setattr(file_source, "_BLOCK", 512)  # several blocks; the plain ones go through Arrow
-    lines = [{"topic": "a.b.c", "partition": i % 2, "offset": i, "ts": 1700000000000 + i, "key": f"k{i}",
-              "payload": None if i % 5 == 0 else f'{{"op":"c","n":{i}}}', "tstype": "create"} for i in range(40)]
+    lines = [
+        {
+            "topic": "a.b.c",
+            "partition": i % 2,
+            "offset": i,
+            "ts": 1700000000000 + i,
+            "key": f"k{i}",
+            "payload": None if i % 5 == 0 else f'{{"op":"c","n":{i}}}',
+            "tstype": "create",
+        }
+        for i in range(40)
+    ]
     lines[30].update(odd)  # from this line's block on: the line reader
     f = tmp_path / "dump.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in lines[:10]) + "\n\n" + "\n".join(json.dumps(x) for x in lines[10:]))
@@ -177,18 +254,44 @@ def test_file_source_columns_match_the_line_reader_and_switch_mid_file(tmp_path,
     assert pa.concat_tables([b.table for b in got]).to_pylist() == want.to_pylist()
 
 
-key_docs = st.dictionaries(st.sampled_from(["z", "id", "a b", 'q"']), st.one_of(
-    st.integers(-(2**63), 2**63 - 1), st.text(max_size=4), st.booleans(), st.none()), min_size=1, max_size=3)
+key_docs = st.dictionaries(
+    st.sampled_from(["z", "id", "a b", 'q"']),
+    st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=4), st.booleans(), st.none()),
+    min_size=1,
+    max_size=3,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(
-    key_docs.map(lambda d: json.dumps(d).encode()),
-    key_docs.map(lambda d: json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()),  # compact
-    st.sampled_from([b"plain", b"null", b'{"schema":{},"payload":{"id":1}}', b'{"id": 1 }', b"{oops", b'{"id":-0}',
-                     b'{"id":007}', b'{"id":1.0}', b'{"id":true}', b'{"id":123456789012345678901}', b'{"id":"a\\"b"}',
-                     b'{"id":"\\u0041"}', b'{"id":"\xc3\xa9"}', b'{"id":"a/b~"}', b'{"id":"\x7f"}'])),
-    min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.one_of(
+            key_docs.map(lambda d: json.dumps(d).encode()),
+            key_docs.map(lambda d: json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()),  # compact
+            st.sampled_from(
+                [
+                    b"plain",
+                    b"null",
+                    b'{"schema":{},"payload":{"id":1}}',
+                    b'{"id": 1 }',
+                    b"{oops",
+                    b'{"id":-0}',
+                    b'{"id":007}',
+                    b'{"id":1.0}',
+                    b'{"id":true}',
+                    b'{"id":123456789012345678901}',
+                    b'{"id":"a\\"b"}',
+                    b'{"id":"\\u0041"}',
+                    b'{"id":"\xc3\xa9"}',
+                    b'{"id":"a/b~"}',
+                    b'{"id":"\x7f"}',
+                ]
+            ),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_key_texts_are_the_canonical_key_texts(raw_keys):
     """Arrow's keys equal the per-record route's, and are null exactly where that route
     refuses the key (not JSON, not an object) or has none (JSON null)."""
@@ -198,16 +301,23 @@ def test_key_texts_are_the_canonical_key_texts(raw_keys):
     assert key_texts(pa.array(raw_keys, pa.binary())).to_pylist() == list(map(key_text_or_none("json"), raw_keys))
 
 
-@pytest.mark.parametrize("raw,json_key,text_key", [
-    (b'{"id":5}', '{"id":5}', '{"id":5}'),
-    (b'{"schema":{"type":"struct"},"payload":{"id":5}}', '{"id":5}', '{"schema":{"type":"struct"},"payload":{"id":5}}'),
-    (b"id=5", None, "id=5"),  # not JSON: refused as a Debezium key, a text key as sent
-    (b"5", None, "5"),  # JSON, not an object
-    (b'"5"', None, '"5"'),
-    (b"[5]", None, "[5]"),
-    (b"null", None, "null"),  # a JSON null is no key
-    (b"\xff\xfe", None, None),  # not UTF-8 either: refused, never replaced by U+FFFD
-])
+@pytest.mark.parametrize(
+    "raw,json_key,text_key",
+    [
+        (b'{"id":5}', '{"id":5}', '{"id":5}'),
+        (
+            b'{"schema":{"type":"struct"},"payload":{"id":5}}',
+            '{"id":5}',
+            '{"schema":{"type":"struct"},"payload":{"id":5}}',
+        ),
+        (b"id=5", None, "id=5"),  # not JSON: refused as a Debezium key, a text key as sent
+        (b"5", None, "5"),  # JSON, not an object
+        (b'"5"', None, '"5"'),
+        (b"[5]", None, "[5]"),
+        (b"null", None, "null"),  # a JSON null is no key
+        (b"\xff\xfe", None, None),  # not UTF-8 either: refused, never replaced by U+FFFD
+    ],
+)
 def test_key_formats(raw, json_key, text_key):
     from connector.arrow_json import key_texts
     from connector.debezium import key_text_or_none

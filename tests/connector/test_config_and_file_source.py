@@ -1,4 +1,5 @@
 import json
+from datetime import UTC
 
 import pytest
 
@@ -25,12 +26,33 @@ def test_environment_overrides_file_and_errors_name_the_key(tmp_path, monkeypatc
 
 def test_file_source_reads_kcat_and_event_hubs_fields_and_seeks(tmp_path):
     f = tmp_path / "dump.jsonl"
-    f.write_text("\n".join(json.dumps(x) for x in [
-        {"topic": "a.b.c", "partition": 1, "offset": 7, "ts": 1700000000000, "key": "k", "payload": None,
-         "headers": ["h1", "v1", "h2", None]},
-        {"topic": "a.b.c", "partition": 1, "offset": "4294967296", "sequence_number": 8, "partition_key": "pk",
-         "enqueued_time": "2024-05-01T10:00:00Z", "key": "ignored", "payload": "{}"},
-    ]) + "\n")
+    f.write_text(
+        "\n".join(
+            json.dumps(x)
+            for x in [
+                {
+                    "topic": "a.b.c",
+                    "partition": 1,
+                    "offset": 7,
+                    "ts": 1700000000000,
+                    "key": "k",
+                    "payload": None,
+                    "headers": ["h1", "v1", "h2", None],
+                },
+                {
+                    "topic": "a.b.c",
+                    "partition": 1,
+                    "offset": "4294967296",
+                    "sequence_number": 8,
+                    "partition_key": "pk",
+                    "enqueued_time": "2024-05-01T10:00:00Z",
+                    "key": "ignored",
+                    "payload": "{}",
+                },
+            ]
+        )
+        + "\n"
+    )
     src = FileSource(f)
     a, b = src.poll(10)
     assert a.value is None and a.headers == (("h1", b"v1"), ("h2", None)) and a.sequence_number == 7
@@ -40,12 +62,17 @@ def test_file_source_reads_kcat_and_event_hubs_fields_and_seeks(tmp_path):
 
 
 BAD_LINES = [
-    b"not json", b'{"topic": "db.s.things", "partition": 0, "off', b"[1,2,3]", b"42", b"null",
+    b"not json",
+    b'{"topic": "db.s.things", "partition": 0, "off',
+    b"[1,2,3]",
+    b"42",
+    b"null",
     b'{"topic": "db.s.things", "partition": 0, "offset": -1, "payload": "{}"}',
     b'{"topic": "db.s.things", "partition": 1099511627776, "offset": 3, "payload": "{}"}',
     b'{"topic": "db.s.things", "partition": 0, "offset": 3, "ts": 100000000000000000000, "payload": "{}"}',
     b'{"topic": "db.s.things", "partition": 0, "offset": 99999999999999999999, "payload": "{}"}',
-    b'{"topic": 7, "partition": 0, "offset": 3, "payload": "{}"}', b"\xff\xfe garbage",
+    b'{"topic": 7, "partition": 0, "offset": 3, "payload": "{}"}',
+    b"\xff\xfe garbage",
 ]
 
 
@@ -59,10 +86,19 @@ def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(set
     from iceberg.catalog import load_catalog
 
     def good(i):
-        value = json.dumps({"op": "c", "after": {"id": i}, "source": {"connector": "postgresql", "table": "things",
-                                                                      "lsn": i}})
-        return json.dumps({"topic": "db.s.things", "partition": 0, "offset": i, "ts": 1_700_000_000_000,
-                           "key": json.dumps({"id": i}), "payload": value}).encode()
+        value = json.dumps(
+            {"op": "c", "after": {"id": i}, "source": {"connector": "postgresql", "table": "things", "lsn": i}}
+        )
+        return json.dumps(
+            {
+                "topic": "db.s.things",
+                "partition": 0,
+                "offset": i,
+                "ts": 1_700_000_000_000,
+                "key": json.dumps({"id": i}),
+                "payload": value,
+            }
+        ).encode()
 
     lines = [good(0), good(1)] + BAD_LINES + [good(2)]
     f = tmp_path / "dump.jsonl"
@@ -74,7 +110,8 @@ def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(set
     assert sorted(log["sequence_number"].to_pylist()) == [0, 1, 2]
     dead = catalog.load_table((ns, "dump__dead_letters")).scan().to_arrow().to_pylist()
     assert sorted(((d["topic"], d["offset"], d["reason"], d["value"]) for d in dead), key=lambda d: int(d[1])) == [
-        ("cdclake.file.dump", str(n), "source", line) for n, line in enumerate(lines, 1) if line in BAD_LINES]
+        ("cdclake.file.dump", str(n), "source", line) for n, line in enumerate(lines, 1) if line in BAD_LINES
+    ]
     assert all("dump.jsonl:" in d["detail"] for d in dead)
 
 
@@ -96,30 +133,45 @@ def test_ingest_gc_thresholds_are_restored_even_when_a_batch_fails():
     assert gc.get_threshold() == saved
 
 
-@pytest.mark.parametrize("starting,expected", [
-    ("earliest", 10), ("latest", 20), (15, 15), (3, 10), (99, 20), ("time", 17),
-])
+@pytest.mark.parametrize(
+    "starting,expected",
+    [
+        ("earliest", 10),
+        ("latest", 20),
+        (15, 15),
+        (3, 10),
+        (99, 20),
+        ("time", 17),
+    ],
+)
 def test_initial_position_of_a_partition_without_a_committed_position(starting, expected):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from connector.sources import initial_position
 
-    when = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    when = datetime(2024, 1, 1, tzinfo=UTC)
     looked_up = []
     got = initial_position(when if starting == "time" else starting, 10, 20, lambda t: looked_up.append(t) or 17)
     assert got == expected and looked_up == ([when] if starting == "time" else [])
 
 
-@pytest.mark.parametrize("toml,env,says", [
-    ("a = [\n", {}, "is not valid TOML"),
-    (b"\xff\xfe = 1\n", {}, "is not valid TOML in UTF-8"),
-    ("", {"CDCLAKE_SOURCE": "{bad"}, "invalid CDCLAKE_* environment variable"),
-    ("", {"CDCLAKE_SOURCES__PATH": "x"}, "unknown environment variable CDCLAKE_SOURCES__PATH"),
-    ('[catalog]\nuri = "foo://x"\n', {}, "catalog.uri"),
-    ('[spark]\nmaster = "bogus"\n', {}, "spark.master"),
-    ('[spark]\ndriver_memory = "lots"\n', {}, "spark.driver_memory"),
-    ("", {"CDCLAKE_WORK_DIR": "/proc/cdclake-cannot-be-here"}, "work_dir '/proc/cdclake-cannot-be-here' cannot be "),
-])
+@pytest.mark.parametrize(
+    "toml,env,says",
+    [
+        ("a = [\n", {}, "is not valid TOML"),
+        (b"\xff\xfe = 1\n", {}, "is not valid TOML in UTF-8"),
+        ("", {"CDCLAKE_SOURCE": "{bad"}, "invalid CDCLAKE_* environment variable"),
+        ("", {"CDCLAKE_SOURCES__PATH": "x"}, "unknown environment variable CDCLAKE_SOURCES__PATH"),
+        ('[catalog]\nuri = "foo://x"\n', {}, "catalog.uri"),
+        ('[spark]\nmaster = "bogus"\n', {}, "spark.master"),
+        ('[spark]\ndriver_memory = "lots"\n', {}, "spark.driver_memory"),
+        (
+            "",
+            {"CDCLAKE_WORK_DIR": "/proc/cdclake-cannot-be-here"},
+            "work_dir '/proc/cdclake-cannot-be-here' cannot be ",
+        ),
+    ],
+)
 def test_a_configuration_error_is_one_line_naming_it_and_exit_code_2(tmp_path, monkeypatch, toml, env, says):
     from typer.testing import CliRunner
 

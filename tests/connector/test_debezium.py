@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from connector.debezium import Decoder, canonical
 from connector.records import ChangeEvent, DeadLetter, SourceRecord
 
-T = datetime(2024, 1, 1, tzinfo=timezone.utc)
+T = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def _enc(v) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    return (v if isinstance(v, str) else json.dumps(v)).encode()
 
 
 def rec(value, key=None, topic="srv.inventory.customers", offset=0, partition=0) -> SourceRecord:
-    enc = lambda v: None if v is None else (v if isinstance(v, bytes) else (v if isinstance(v, str) else json.dumps(v)).encode())  # noqa: E731
-    return SourceRecord(topic, partition, str(offset), offset, T, enc(key), enc(value))
+    return SourceRecord(topic, partition, str(offset), offset, T, _enc(key), _enc(value))
 
 
 def decode_lines(path, key_fields=None, topic="srv.inventory.customers"):
@@ -66,8 +71,10 @@ def test_delete_with_schema_and_envelope_v2(fixtures):
 def test_postgres_position_and_junk_key(fixtures):
     lines = (fixtures / "postgres_orders_snapshot_then_update_junk_key.txt").read_text().splitlines()
     d = Decoder({"orders": ["order_id"]})
-    events = [d.decode(rec(v, k, topic="postgres.public.orders", offset=i))
-              for i, (k, v) in enumerate(line.split("^", 1) for line in lines)]
+    events = [
+        d.decode(rec(v, k, topic="postgres.public.orders", offset=i))
+        for i, (k, v) in enumerate(line.split("^", 1) for line in lines)
+    ]
     assert [e.key for e in events] == ['{"order_id":1}', '{"order_id":2}', '{"order_id":3}', '{"order_id":1}']
     assert events[0].position == (23911624,) and events[0].snapshot
     assert events[3].position > events[0].position and not events[3].snapshot
@@ -98,7 +105,9 @@ def test_legacy_snapshot_as_create_is_a_snapshot(fixtures):
 
 
 def test_sqlserver_degenerate_lsn_falls_back_to_log_order(fixtures):
-    e = Decoder({"full_types_1": ["id"]}).decode(rec((fixtures / "sqlserver_snapshot_read_degenerate_lsn_plain.json").read_text()))
+    e = Decoder({"full_types_1": ["id"]}).decode(
+        rec((fixtures / "sqlserver_snapshot_read_degenerate_lsn_plain.json").read_text())
+    )
     assert isinstance(e, ChangeEvent) and e.position is None and e.key == '{"id":1}'
 
 
@@ -119,8 +128,13 @@ def test_kcat_avro_decoded_payload_is_rejected(fixtures):
 
 
 def test_sqlserver_position_orders_commit_then_change_then_serial():
-    src = {"connector": "sqlserver", "table": "t", "commit_lsn": "00000025:00000518:0005",
-           "change_lsn": "00000025:00000518:0003", "event_serial_no": 2}
+    src = {
+        "connector": "sqlserver",
+        "table": "t",
+        "commit_lsn": "00000025:00000518:0005",
+        "change_lsn": "00000025:00000518:0003",
+        "event_serial_no": 2,
+    }
     e = Decoder().decode(rec({"op": "u", "after": {"id": 1}, "source": src}, {"id": 1}))
     assert e.position == (0x25, 0x518, 5, 0x25, 0x518, 3, 2)
 
@@ -136,10 +150,16 @@ def test_tombstone_and_missing_key():
     assert isinstance(m, DeadLetter) and m.reason == "no-key" and "key_fields" in m.detail
 
 
-@pytest.mark.parametrize("value,reason", [
-    ("{not json", "json"), ("[1,2]", "envelope"), ('{"id": 1}', "envelope"),
-    ('{"op": "x", "after": {"id": 1}}', "op"), ('{"op": "c", "after": null}', "envelope"),
-])
+@pytest.mark.parametrize(
+    "value,reason",
+    [
+        ("{not json", "json"),
+        ("[1,2]", "envelope"),
+        ('{"id": 1}', "envelope"),
+        ('{"op": "x", "after": {"id": 1}}', "op"),
+        ('{"op": "c", "after": null}', "envelope"),
+    ],
+)
 def test_bad_input_becomes_a_dead_letter(value, reason):
     out = Decoder().decode(rec(value, {"id": 1}, offset=42))
     assert isinstance(out, DeadLetter) and out.reason == reason and out.record.offset == "42"
@@ -147,8 +167,9 @@ def test_bad_input_becomes_a_dead_letter(value, reason):
 
 def test_extract_new_record_state_output():
     d = Decoder({"customers": ["id"]})
-    up = d.decode(rec({"id": 1, "name": "a", "__op": "u", "__lsn": 99, "__source_connector": "postgresql",
-                       "__deleted": "false"}))
+    up = d.decode(
+        rec({"id": 1, "name": "a", "__op": "u", "__lsn": 99, "__source_connector": "postgresql", "__deleted": "false"})
+    )
     assert up.op == "u" and up.after == {"id": 1, "name": "a"} and up.position == (99,)
     gone = d.decode(rec({"id": 1, "name": "a", "__deleted": "true", "__op": "d"}))
     assert gone.op == "d" and gone.key == '{"id":1}' and gone.after is None
@@ -161,13 +182,19 @@ def test_primary_key_change_is_delete_tombstone_create(fixtures):
     src = {"connector": "mysql", "table": "sbtest1", "file": "mysql-bin.000003", "pos": 16209369, "row": 0}
     old, new = {"id": 2317, "k": 3737}, {"id": 2317, "k": 3738}
     d = Decoder()
-    out = [d.decode(rec(v, k, topic="SERVER5432.sbtest.sbtest1", offset=o)) for o, k, v in [
-        (62978, old, {"op": "d", "before": old, "after": None, "source": src}),
-        (62979, old, None),
-        (62980, new, {"op": "c", "before": None, "after": new, "source": src}),
-    ]]
+    out = [
+        d.decode(rec(v, k, topic="SERVER5432.sbtest.sbtest1", offset=o))
+        for o, k, v in [
+            (62978, old, {"op": "d", "before": old, "after": None, "source": src}),
+            (62979, old, None),
+            (62980, new, {"op": "c", "before": None, "after": new, "source": src}),
+        ]
+    ]
     assert [(e.op, e.key, e.tombstone) for e in out] == [
-        ("d", canonical(old), False), ("d", canonical(old), True), ("c", canonical(new), False)]
+        ("d", canonical(old), False),
+        ("d", canonical(old), True),
+        ("c", canonical(new), False),
+    ]
     assert {e.table for e in out} == {"sbtest1"}
 
 
@@ -180,9 +207,13 @@ def test_schemaless_types_follow_each_images_values_not_a_cached_guess():
     """Types are cached per (columns, Python types): images that differ in either get their own."""
     d = Decoder({"t": ["id"]})
     src = {"connector": "postgresql", "table": "t", "lsn": 1}
-    a, b, c, n = (d.decode(rec({"op": "c", "after": after, "source": src})) for after in (
-        {"id": 1, "v": 2}, {"id": 2, "v": 3}, {"id": 3, "v": True}, {"id": 4, "v": {"x": [1]}}))
-    assert a.after_types == {"id": "bigint", "v": "bigint"} and a.after_types is b.after_types  # shared, serialised once
+    a, b, c, n = (
+        d.decode(rec({"op": "c", "after": after, "source": src}))
+        for after in ({"id": 1, "v": 2}, {"id": 2, "v": 3}, {"id": 3, "v": True}, {"id": 4, "v": {"x": [1]}})
+    )
+    assert (
+        a.after_types == {"id": "bigint", "v": "bigint"} and a.after_types is b.after_types
+    )  # shared, serialised once
     assert c.after_types == {"id": "bigint", "v": "boolean"} and c.after == {"id": 3, "v": True}
     assert n.after_types == {"id": "bigint", "v": "string"} and n.after == {"id": 4, "v": '{"x":[1]}'}
     assert d.decode(rec({"op": "c", "after": {"v": None, "id": 5}, "source": src})).after_types == {"id": "bigint"}
@@ -190,9 +221,17 @@ def test_schemaless_types_follow_each_images_values_not_a_cached_guess():
 
 # Kafka Connect's JsonConverter names of the primitive schema types (JsonSchema's *_TYPE_NAME
 # constants), and the Spark type each column gets.
-CONNECT_TYPES = [("int8", 1, "int"), ("int16", 2, "int"), ("int32", 3, "int"), ("int64", 4, "bigint"),
-                 ("float", 1.5, "float"), ("double", 14133.97, "double"), ("boolean", True, "boolean"),
-                 ("string", "x", "string"), ("bytes", "AAE=", "binary")]
+CONNECT_TYPES = [
+    ("int8", 1, "int"),
+    ("int16", 2, "int"),
+    ("int32", 3, "int"),
+    ("int64", 4, "bigint"),
+    ("float", 1.5, "float"),
+    ("double", 14133.97, "double"),
+    ("boolean", True, "boolean"),
+    ("string", "x", "string"),
+    ("bytes", "AAE=", "binary"),
+]
 
 
 @pytest.mark.parametrize("connect_type,value,spark_type", CONNECT_TYPES)
@@ -200,12 +239,27 @@ def test_every_jsonconverter_type_name_keeps_its_type(connect_type, value, spark
     """A schema-enabled stream types a column as the schema says, never as text
     (`{"schema", "payload"}` as JsonConverter writes it with schemas.enable=true)."""
     field = {"type": connect_type, "optional": True, "field": "v"}
-    envelope = {"schema": {"type": "struct", "fields": [
-        {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}, field],
-         "optional": True, "name": "srv.inventory.customers.Value", "field": "after"},
-        {"type": "string", "optional": False, "field": "op"}], "optional": False},
-        "payload": {"op": "c", "after": {"id": 1, "v": value},
-                    "source": {"connector": "postgresql", "table": "customers", "lsn": 7}}}
+    envelope = {
+        "schema": {
+            "type": "struct",
+            "fields": [
+                {
+                    "type": "struct",
+                    "fields": [{"type": "int32", "optional": False, "field": "id"}, field],
+                    "optional": True,
+                    "name": "srv.inventory.customers.Value",
+                    "field": "after",
+                },
+                {"type": "string", "optional": False, "field": "op"},
+            ],
+            "optional": False,
+        },
+        "payload": {
+            "op": "c",
+            "after": {"id": 1, "v": value},
+            "source": {"connector": "postgresql", "table": "customers", "lsn": 7},
+        },
+    }
     e = Decoder().decode(rec(envelope, {"id": 1}))
     assert isinstance(e, ChangeEvent), e
     assert e.after_types["v"] == spark_type
@@ -216,16 +270,32 @@ def test_every_jsonconverter_type_name_keeps_its_type(connect_type, value, spark
 
 
 def _pg(after=None, **source):
-    return {"op": "c", "after": after if after is not None else {"id": 1, "v": 2},
-            "source": {"connector": "postgresql", "table": "things", "lsn": 5, **source}}
+    return {
+        "op": "c",
+        "after": after if after is not None else {"id": 1, "v": 2},
+        "source": {"connector": "postgresql", "table": "things", "lsn": 5, **source},
+    }
 
 
 def _typed(connect: dict, value) -> dict:
     """A schema-enabled event with one typed column `d`."""
-    return {"schema": {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
-        {"field": "id", "type": "int32"}, {"field": "d", **connect}]}]},
-            "payload": {"op": "c", "after": {"id": 1, "d": value},
-                        "source": {"connector": "postgresql", "table": "things", "lsn": 5}}}
+    return {
+        "schema": {
+            "type": "struct",
+            "fields": [
+                {
+                    "field": "after",
+                    "type": "struct",
+                    "fields": [{"field": "id", "type": "int32"}, {"field": "d", **connect}],
+                }
+            ],
+        },
+        "payload": {
+            "op": "c",
+            "after": {"id": 1, "d": value},
+            "source": {"connector": "postgresql", "table": "things", "lsn": 5},
+        },
+    }
 
 
 DECIMAL = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal"}
@@ -235,21 +305,40 @@ HOSTILE = [
     (b'{"op":"c","after":{"id":1,"v":' + b"[" * 10_000 + b"]" * 10_000 + b"}}", "json"),  # past orjson's own limit
     (b'{"op":"c","after":{"id":1,"v":' + b"[" * 70 + b"]" * 70 + b'},"source":{"lsn":5}}', "limit"),  # max_depth
     (b'{"op":"c","after":{"id":1,"v":NaN}}', "json"),
-    (_pg(lsn=2**70), "position"), (_pg(lsn=1.5), "position"), (_pg(lsn=True), "position"),
-    ({"op": "c", "after": {"id": 1}, "source": {"connector": "mysql", "table": "t", "file": "b.000001", "pos": 2**70}},
-     "position"),
-    ({"op": "c", "after": {"id": 1}, "source": {"connector": "sqlserver", "table": "t",
-                                                "commit_lsn": "12345678901234567890"}}, "position"),
+    (_pg(lsn=2**70), "position"),
+    (_pg(lsn=1.5), "position"),
+    (_pg(lsn=True), "position"),
+    (
+        {
+            "op": "c",
+            "after": {"id": 1},
+            "source": {"connector": "mysql", "table": "t", "file": "b.000001", "pos": 2**70},
+        },
+        "position",
+    ),
+    (
+        {
+            "op": "c",
+            "after": {"id": 1},
+            "source": {"connector": "sqlserver", "table": "t", "commit_lsn": "12345678901234567890"},
+        },
+        "position",
+    ),
     (_pg(ts_ms="yesterday"), "envelope"),
-    (_pg({"id": 1, "v": 2**64 + 5}), "value"), (_pg({"id": 1, "v": 2**63}), "value"),
-    (b"[1,2,3]", "envelope"), (b"42", "envelope"), (b"null", "envelope"),
+    (_pg({"id": 1, "v": 2**64 + 5}), "value"),
+    (_pg({"id": 1, "v": 2**63}), "value"),
+    (b"[1,2,3]", "envelope"),
+    (b"42", "envelope"),
+    (b"null", "envelope"),
     (b'{"op":"c","after":{"id":1,"v":"\xff\xfe"},"source":{"lsn":5}}', "json"),
     (_typed({"type": "int32", "name": "io.debezium.time.Date"}, 10**10), "value"),
     (_typed({"type": "int64", "name": "io.debezium.time.MicroTimestamp"}, 2**62), "value"),
     (_typed({**DECIMAL, "parameters": {"scale": "-1000000000"}}, "AQ=="), "value"),
     (_typed({**DECIMAL, "parameters": {"scale": "2", "connect.decimal.precision": "3"}}, "AYaf"), "value"),  # 99999
-    (_pg({"id": 1, "": 2}), "schema"), (_pg({"id": 1, "_key": 2}), "schema"),
-    (_pg({"id": 1, "Name": "a", "name": "b"}), "schema"), (_pg({"id": 1, "x" * 200: 1}), "limit"),
+    (_pg({"id": 1, "": 2}), "schema"),
+    (_pg({"id": 1, "_key": 2}), "schema"),
+    (_pg({"id": 1, "Name": "a", "name": "b"}), "schema"),
+    (_pg({"id": 1, "x" * 200: 1}), "limit"),
     (_pg({"id": 1, **{f"c{i}": i for i in range(1001)}}), "limit"),
     (_pg(table="t" * 300), "route"),
     (b'{"op":"c","after":{"id":1,"v":"' + b"x" * (16 << 20) + b'"}}', "limit"),  # limits.max_value_bytes
@@ -267,12 +356,15 @@ def test_hostile_values_are_dead_letters_on_both_routes(value, reason):
     assert not batch.events and [d.reason for ds in batch.letters.values() for d in ds] == [reason] * 3
 
 
-@pytest.mark.parametrize("connect,value,spark_type,text", [
-    ({**DECIMAL, "parameters": {"scale": "2", "connect.decimal.precision": "5"}}, "AYaf", "decimal(5,2)", "999.99"),
-    # beyond Spark's 38 digits: kept exactly, as text, never a column that blocks the table
-    ({**DECIMAL, "parameters": {"scale": "100"}}, "AQ==", "string", "1E-100"),
-    ({**DECIMAL, "parameters": {"scale": "2", "connect.decimal.precision": "50"}}, "AYaf", "string", "999.99"),
-])
+@pytest.mark.parametrize(
+    "connect,value,spark_type,text",
+    [
+        ({**DECIMAL, "parameters": {"scale": "2", "connect.decimal.precision": "5"}}, "AYaf", "decimal(5,2)", "999.99"),
+        # beyond Spark's 38 digits: kept exactly, as text, never a column that blocks the table
+        ({**DECIMAL, "parameters": {"scale": "100"}}, "AQ==", "string", "1E-100"),
+        ({**DECIMAL, "parameters": {"scale": "2", "connect.decimal.precision": "50"}}, "AYaf", "string", "999.99"),
+    ],
+)
 def test_decimals(connect, value, spark_type, text):
     e = Decoder().decode(rec(_typed(connect, value), {"id": 1}, topic="db.s.things"))
     assert isinstance(e, ChangeEvent), e

@@ -5,7 +5,7 @@ events are the SDK's own `EventData`, built from AMQP message bytes with `EventD
 from __future__ import annotations
 
 import json
-from datetime import timezone
+from datetime import UTC
 
 import pytest
 
@@ -17,8 +17,10 @@ from iceberg.catalog import load_catalog
 from tests.connector.eventhubs_fake import amqp_event
 from tests.iceberg.helpers import names, offsets_by_key
 
-HUB_CS = ("Endpoint=sb://cdclake-test.servicebus.windows.net/;SharedAccessKeyName=listen;"
-          "SharedAccessKey=hub-s3cr3t;EntityPath=pg.inventory.orders")
+HUB_CS = (
+    "Endpoint=sb://cdclake-test.servicebus.windows.net/;SharedAccessKeyName=listen;"
+    "SharedAccessKey=hub-s3cr3t;EntityPath=pg.inventory.orders"
+)
 
 
 def test_event_data_maps_to_a_source_record():
@@ -27,7 +29,7 @@ def test_event_data_maps_to_a_source_record():
     r = record_from_event("orders", "3", e)
     assert (r.topic, r.partition, r.offset, r.sequence_number) == ("orders", 3, "4294967296", 41)
     assert r.key == b'{"id":1}' and r.value == body and r.headers == (("trace", b"abc"),)
-    assert r.enqueued_time.tzinfo is not None and r.enqueued_time.astimezone(timezone.utc).year == 2023
+    assert r.enqueued_time.tzinfo is not None and r.enqueued_time.astimezone(UTC).year == 2023
     tomb = record_from_event("orders", "3", amqp_event(42, "4294967400", 1_700_000_000_200, '{"id":1}', None))
     assert tomb.value is None and tomb.key == b'{"id":1}' and tomb.sequence_number == 42
 
@@ -39,32 +41,50 @@ def hub_file(tmp_path, events: dict) -> str:
 
 
 def pg(op: str, key: int, lsn: int) -> str:
-    return json.dumps({"op": op, "after": None if op == "d" else {"id": key, "lsn": lsn},
-                       "source": {"connector": "postgresql", "table": "orders", "lsn": lsn}})
+    return json.dumps(
+        {
+            "op": op,
+            "after": None if op == "d" else {"id": key, "lsn": lsn},
+            "source": {"connector": "postgresql", "table": "orders", "lsn": lsn},
+        }
+    )
 
 
 EVENTS = {
-    "0": [[0, "0", 1_700_000_000_000, '{"id":1}', pg("c", 1, 10)], [1, "120", 1_700_000_000_100, '{"id":1}',
-                                                                      pg("d", 1, 12)],
-          [2, "240", 1_700_000_000_200, '{"id":1}', None]],
+    "0": [
+        [0, "0", 1_700_000_000_000, '{"id":1}', pg("c", 1, 10)],
+        [1, "120", 1_700_000_000_100, '{"id":1}', pg("d", 1, 12)],
+        [2, "240", 1_700_000_000_200, '{"id":1}', None],
+    ],
     "1": [[5, "4294967296", 1_700_000_000_050, '{"id":2}', pg("c", 2, 11)]],
 }
 
 
 def eh_settings(settings, tmp_path, events=EVENTS, **source):
-    conf = {"type": "eventhubs", "connection_string": HUB_CS, "reader": "tests.connector.eventhubs_fake:reader",
-            "reader_options": {"fake_events": hub_file(tmp_path, events)}, "batch_size": 2} | source
+    conf = {
+        "type": "eventhubs",
+        "connection_string": HUB_CS,
+        "reader": "tests.connector.eventhubs_fake:reader",
+        "reader_options": {"fake_events": hub_file(tmp_path, events)},
+        "batch_size": 2,
+    } | source
     return settings.model_copy(update={"source": settings.source.model_validate(conf)})
 
 
 def log_rows(s):
     t = load_catalog(s).load_table(names(s, "orders").log)
-    return sorted((r["partition"], r["sequence_number"], r["offset"], r["op"], r["tombstone"])
-                  for r in t.scan().to_arrow().to_pylist())
+    return sorted(
+        (r["partition"], r["sequence_number"], r["offset"], r["op"], r["tombstone"])
+        for r in t.scan().to_arrow().to_pylist()
+    )
 
 
-EXPECTED = [(0, 0, "0", "c", False), (0, 1, "120", "d", False), (0, 2, "240", "d", True),
-            (1, 5, "4294967296", "c", False)]
+EXPECTED = [
+    (0, 0, "0", "c", False),
+    (0, 1, "120", "d", False),
+    (0, 2, "240", "d", True),
+    (1, 5, "4294967296", "c", False),
+]
 
 
 def test_driver_side_reader_ingests_exactly_once(settings, tmp_path):
@@ -78,7 +98,9 @@ def test_connection_string_never_shows():
     s = load_settings(source={"type": "eventhubs", "connection_string": HUB_CS})
     assert "hub-s3cr3t" not in repr(s) and s.source.eventhubs_options()["event_hub"] == "pg.inventory.orders"
     with pytest.raises(ConfigError) as e:
-        load_settings(source={"type": "eventhubs", "connection_string": HUB_CS.replace(";EntityPath=pg.inventory.orders", "")})
+        load_settings(
+            source={"type": "eventhubs", "connection_string": HUB_CS.replace(";EntityPath=pg.inventory.orders", "")}
+        )
     assert "hub-s3cr3t" not in str(e.value) and "source.event_hub" in str(e.value)
 
 
@@ -100,12 +122,19 @@ def test_checkpoints_are_mirrored_to_blob_storage(settings, tmp_path, azurite):
     from azure.storage.blob import BlobServiceClient
 
     BlobServiceClient.from_connection_string(azurite).create_container("checkpoints")
-    s = eh_settings(settings, tmp_path, eventhubs_mode="driver", checkpoint_connection_string=azurite,
-                    checkpoint_container="checkpoints")
+    s = eh_settings(
+        settings,
+        tmp_path,
+        eventhubs_mode="driver",
+        checkpoint_connection_string=azurite,
+        checkpoint_container="checkpoints",
+    )
     run_ingest(s)
     store = BlobCheckpointStore.from_connection_string(azurite, "checkpoints")
-    got = {c["partition_id"]: (c["sequence_number"], c["offset"]) for c in store.list_checkpoints(
-        "cdclake-test.servicebus.windows.net", "pg.inventory.orders", "$Default")}
+    got = {
+        c["partition_id"]: (c["sequence_number"], c["offset"])
+        for c in store.list_checkpoints("cdclake-test.servicebus.windows.net", "pg.inventory.orders", "$Default")
+    }
     assert got == {"0": (2, "240"), "1": (5, "4294967296")}
 
 
@@ -122,11 +151,14 @@ def test_compaction_between_micro_batches(spark, settings, tmp_path):
     assert offsets_by_key(s, names(s, "orders").tombstones) == {'{"id":1}': "240"}
 
 
-@pytest.mark.parametrize("start,expected", [
-    ("latest", []),
-    (1, [(0, 1), (0, 2), (1, 5)]),  # a sequence number; partition 1 begins at 5
-    ("2023-11-14T22:13:20.100Z", [(0, 1), (0, 2)]),  # an enqueued time
-])
+@pytest.mark.parametrize(
+    "start,expected",
+    [
+        ("latest", []),
+        (1, [(0, 1), (0, 2), (1, 5)]),  # a sequence number; partition 1 begins at 5
+        ("2023-11-14T22:13:20.100Z", [(0, 1), (0, 2)]),  # an enqueued time
+    ],
+)
 def test_starting_positions_for_partitions_without_a_committed_position(settings, tmp_path, start, expected):
     s = eh_settings(settings, tmp_path, eventhubs_mode="driver", starting_position=start)
     run_ingest(s)

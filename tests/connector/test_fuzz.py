@@ -22,13 +22,48 @@ RECORDS = int(os.environ.get("CDCLAKE_FUZZ_RECORDS", "3000"))
 # Values no decoder should take silently: too deep, not JSON numbers, outside 64 bits,
 # wrong kinds, names a table cannot hold.
 HOSTILE = [
-    "[" * 10_000 + "]" * 10_000, "[" * 70 + "]" * 70, "NaN", "Infinity", "-Infinity", str(2**64 + 5), str(2**63),
-    str(-(2**63) - 1), "1e400", "1.5", "true", "null", '"text"', "[1,2,3]", "{}", '{"": 1}', '{"_key": 1}',
-    '{"Name": 1, "name": 2}', '"\\ud800"', '"\\u0000"', "0.30000000000000004", "-0", "123456789012345678901234567890",
+    "[" * 10_000 + "]" * 10_000,
+    "[" * 70 + "]" * 70,
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    str(2**64 + 5),
+    str(2**63),
+    str(-(2**63) - 1),
+    "1e400",
+    "1.5",
+    "true",
+    "null",
+    '"text"',
+    "[1,2,3]",
+    "{}",
+    '{"": 1}',
+    '{"_key": 1}',
+    '{"Name": 1, "name": 2}',
+    '"\\ud800"',
+    '"\\u0000"',
+    "0.30000000000000004",
+    "-0",
+    "123456789012345678901234567890",
 ]
-SLOTS = [("source", "lsn"), ("source", "pos"), ("source", "row"), ("source", "ts_ms"), ("source", "table"),
-         ("source", "commit_lsn"), ("source", "snapshot"), ("source", "sequence"), ("op",), ("ts_ms",), ("after",),
-         ("after", "id"), ("after", "v"), ("payload",), ("source",), ("before",)]
+SLOTS = [
+    ("source", "lsn"),
+    ("source", "pos"),
+    ("source", "row"),
+    ("source", "ts_ms"),
+    ("source", "table"),
+    ("source", "commit_lsn"),
+    ("source", "snapshot"),
+    ("source", "sequence"),
+    ("op",),
+    ("ts_ms",),
+    ("after",),
+    ("after", "id"),
+    ("after", "v"),
+    ("payload",),
+    ("source",),
+    ("before",),
+]
 
 
 def samples(fixtures) -> list[tuple[str, bytes]]:
@@ -64,7 +99,7 @@ def mutate(rng: random.Random, raw: bytes) -> bytes:
         return rng.choice(HOSTILE).encode()
     if kind == 4:  # invalid UTF-8 inside a string
         i = raw.find(b'":"')
-        return raw if i < 0 else raw[: i + 3] + b"\xff\xfe" + raw[i + 3:]
+        return raw if i < 0 else raw[: i + 3] + b"\xff\xfe" + raw[i + 3 :]
     return raw
 
 
@@ -76,8 +111,11 @@ def fuzzed(fixtures):
     postgres = [s for s in base if b'"postgresql"' in s[1]]  # the shape the Arrow route reads: half the stream
     for i in range(RECORDS):
         table, raw = rng.choice(postgres if rng.random() < 0.5 else base)
-        key = (b'{"id":%d}' % rng.randrange(50) if rng.random() < 0.8 else
-               rng.choice([b"id=7", b"[1]", b"\xff", None, b'{"id":' + b"[" * 200, b'{"id":' + b"9" * 25 + b"}"]))
+        key = (
+            b'{"id":%d}' % rng.randrange(50)
+            if rng.random() < 0.8
+            else rng.choice([b"id=7", b"[1]", b"\xff", None, b'{"id":' + b"[" * 200, b'{"id":' + b"9" * 25 + b"}"])
+        )
         value = None if rng.random() < 0.03 else mutate(rng, raw) if rng.random() < 0.5 else raw
         records.append(record(i, f"srv.inventory.{table}", key, value, partition=rng.randrange(2)))
     return records
@@ -109,7 +147,7 @@ def test_the_arrow_route_takes_part_of_the_stream(fuzzed):
 
     d = Counting({"customers": ["id"]})
     for i in range(0, len(fuzzed), 4):  # Arrow reads a chunk whole or not at all: small batches
-        decode_batch(d, RecordBatch.of(fuzzed[i:i + 4]), NOW)
+        decode_batch(d, RecordBatch.of(fuzzed[i : i + 4]), NOW)
     assert Counting.calls < len(fuzzed) * 0.8, Counting.calls
     assert json_objects(pa.array([r.value for r in fuzzed], pa.binary())).true_count > len(fuzzed) // 4
 
@@ -136,10 +174,11 @@ def test_in_small_batches_too(fuzzed):
     d = Decoder(keys)
     rows, letters = [], []
     for i in range(0, len(fuzzed), 4):
-        out = decode_batch(d, RecordBatch.of(fuzzed[i:i + 4]), NOW)
+        out = decode_batch(d, RecordBatch.of(fuzzed[i : i + 4]), NOW)
         rows += [r for rs in out.events.values() for p in rs for r in normal(p.table)]
-        letters += [(x.record.stream, x.record.sequence_number, x.reason, x.detail) for v in out.letters.values()
-                    for x in v]
+        letters += [
+            (x.record.stream, x.record.sequence_number, x.reason, x.detail) for v in out.letters.values() for x in v
+        ]
     want_rows, want_dead, _ = reference(fuzzed, keys)
     assert sorted(rows, key=repr) == sorted([r for rs in want_rows.values() for r in rs], key=repr)
     assert sorted(letters) == sorted(x for v in want_dead.values() for x in v)
@@ -159,8 +198,9 @@ def test_dead_letters_keep_the_input_bytes(fuzzed):
     # the log rows keep the raw value bytes too
     for rs in out.events.values():
         for r in rs:
-            for topic, part, seq, value in zip(*(r.table[c].to_pylist() for c in
-                                                 ("topic", "partition", "sequence_number", "value"))):
+            for topic, part, seq, value in zip(
+                *(r.table[c].to_pylist() for c in ("topic", "partition", "sequence_number", "value"))
+            ):
                 assert value == by_pos[(f"{topic}:{part}", seq)].value
 
 

@@ -6,9 +6,8 @@ import json
 import uuid
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
-from confluent_kafka import TopicPartition
 
 from connector.app import run_ingest
 from connector.errors import SourceError
@@ -31,23 +30,40 @@ def produce(kafka, topic: str, events: list[tuple[int, int, str | None]]) -> Non
     """(partition, key id, op or None for a tombstone) as Debezium JSON."""
     p = Producer({"bootstrap.servers": kafka.bootstrap})
     for i, (part, key, op) in enumerate(events):
-        value = None if op is None else json.dumps({
-            "op": op, "after": None if op == "d" else {"id": key, "n": i},
-            "source": {"connector": "postgresql", "table": topic.rsplit(".", 1)[1], "lsn": 100 + i}})
+        value = (
+            None
+            if op is None
+            else json.dumps(
+                {
+                    "op": op,
+                    "after": None if op == "d" else {"id": key, "n": i},
+                    "source": {"connector": "postgresql", "table": topic.rsplit(".", 1)[1], "lsn": 100 + i},
+                }
+            )
+        )
         p.produce(topic, key=json.dumps({"id": key}), value=value, partition=part)
     p.flush(30)
 
 
 def kafka_settings(settings, kafka, topic: str, **source):
-    conf = {"type": "kafka", "bootstrap_servers": kafka.bootstrap, "topics": [topic], "batch_size": 4,
-            "unavailable_timeout_seconds": 15, "group_id": f"g-{topic}", "kafka_mode": "driver"} | source
+    conf = {
+        "type": "kafka",
+        "bootstrap_servers": kafka.bootstrap,
+        "topics": [topic],
+        "batch_size": 4,
+        "unavailable_timeout_seconds": 15,
+        "group_id": f"g-{topic}",
+        "kafka_mode": "driver",
+    } | source
     return settings.model_copy(update={"source": settings.source.model_validate(conf)})
 
 
 def log_positions(s, table: str) -> list[tuple[int, int]]:
     t = load_catalog(s).load_table(names(s, table).log)
-    return sorted((r["partition"], r["sequence_number"])
-                  for r in t.scan(selected_fields=("partition", "sequence_number")).to_arrow().to_pylist())
+    return sorted(
+        (r["partition"], r["sequence_number"])
+        for r in t.scan(selected_fields=("partition", "sequence_number")).to_arrow().to_pylist()
+    )
 
 
 @pytest.fixture(params=["driver", pytest.param("spark", marks=pytest.mark.spark)])
@@ -79,13 +95,22 @@ def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(settings, kafka,
 def test_event_hubs_kafka_endpoint_sasl_plain(settings, kafka):
     topic = new_topic(kafka, 1)
     produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
-    eh = {"type": "eventhubs-kafka", "namespace": "cdclake-test", "connection_string": SASL_PASSWORD,
-          "bootstrap_servers": kafka.sasl_bootstrap, "security_protocol": "SASL_PLAINTEXT"}
+    eh = {
+        "type": "eventhubs-kafka",
+        "namespace": "cdclake-test",
+        "connection_string": SASL_PASSWORD,
+        "bootstrap_servers": kafka.sasl_bootstrap,
+        "security_protocol": "SASL_PLAINTEXT",
+    }
     s = kafka_settings(settings, kafka, topic, **eh)
     assert s.source.kafka_settings()["sasl.username"] == "$ConnectionString"
     assert run_ingest(s).accepted[topic.rsplit(".", 1)[1]] == 2
-    bad = kafka_settings(settings, kafka, topic, **(eh | {
-        "connection_string": SASL_PASSWORD.replace("s3cr3t", "wrong"), "unavailable_timeout_seconds": 5}))
+    bad = kafka_settings(
+        settings,
+        kafka,
+        topic,
+        **(eh | {"connection_string": SASL_PASSWORD.replace("s3cr3t", "wrong"), "unavailable_timeout_seconds": 5}),
+    )
     with pytest.raises(SourceError) as e:
         run_ingest(bad.model_copy(update={"catalog": bad.catalog.model_copy(update={"namespace": "sasl_bad"})}))
     assert "wrong" not in str(e.value) and "s3cr3t" not in str(e.value) and kafka.sasl_bootstrap in str(e.value)
@@ -110,8 +135,9 @@ def test_offsets_that_no_longer_exist_are_reported(settings, kafka, mode):
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
     s = kafka_settings(settings, kafka, topic, kafka_mode=mode)
-    run_ingest(s.model_copy(update={"source": s.source.model_copy(update={"kafka_mode": "driver"})}),
-               max_records=1)  # offset 0 committed, offset 1 not yet
+    run_ingest(
+        s.model_copy(update={"source": s.source.model_copy(update={"kafka_mode": "driver"})}), max_records=1
+    )  # offset 0 committed, offset 1 not yet
     produce(kafka, topic, [(0, 3, "c")])
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for f in admin.delete_records([TopicPartition(topic, 0, 2)]).values():  # retention removed offsets 0-1

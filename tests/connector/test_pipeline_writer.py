@@ -45,8 +45,17 @@ class _Recording(FileSource):
 
 
 def test_source_offsets_and_progress_follow_the_iceberg_commits(settings, tmp_path):
-    values = [json.dumps({"op": "c", "after": {"id": i}, "ts_ms": 1, "source": {
-        "connector": "postgresql", "table": "things", "lsn": 100 + i}}) for i in range(25)]
+    values = [
+        json.dumps(
+            {
+                "op": "c",
+                "after": {"id": i},
+                "ts_ms": 1,
+                "source": {"connector": "postgresql", "table": "things", "lsn": 100 + i},
+            }
+        )
+        for i in range(25)
+    ]
     path = write_lines(tmp_path / "dump.jsonl", kcat_lines("db.public.things", values, [{"id": i} for i in range(25)]))
     catalog, ns = load_catalog(settings), settings.catalog.namespace
     source = _Recording(path, catalog, (ns, "things__log"))
@@ -68,11 +77,30 @@ def _mixed_lines() -> list[str]:
     lines = []
     for i in range(12):
         table = ("alpha", "beta", "gamma")[i % 3]
-        value = ("{not json" if table == "gamma" else
-                 json.dumps({"op": "c", "after": {"id": i}, "ts_ms": 1,
-                             "source": {"connector": "postgresql", "table": table, "lsn": 100 + i}}))
-        lines.append(json.dumps({"topic": f"db.public.{table}", "partition": i % 2, "offset": i // 2,
-                                 "ts": 1_700_000_000_000 + i, "key": json.dumps({"id": i}), "payload": value}))
+        value = (
+            "{not json"
+            if table == "gamma"
+            else json.dumps(
+                {
+                    "op": "c",
+                    "after": {"id": i},
+                    "ts_ms": 1,
+                    "source": {"connector": "postgresql", "table": table, "lsn": 100 + i},
+                }
+            )
+        )
+        lines.append(
+            json.dumps(
+                {
+                    "topic": f"db.public.{table}",
+                    "partition": i % 2,
+                    "offset": i // 2,
+                    "ts": 1_700_000_000_000 + i,
+                    "key": json.dumps({"id": i}),
+                    "payload": value,
+                }
+            )
+        )
     return lines
 
 
@@ -85,10 +113,14 @@ def _held(catalog, ns) -> list[tuple[str, int, int]]:
     return sorted(out)
 
 
-@pytest.mark.parametrize("point", [f"ingest.create-table:{n}" for n in (1, 2, 3)] + [
-    f"{p}:{n}" for p in ("ingest.before-commit", "ingest.after-commit") for n in (1, 2, 4, 7)])
-def test_a_failure_at_any_step_loses_nothing_and_the_rerun_adds_each_record_once(settings, tmp_path, monkeypatch,
-                                                                                   point):
+@pytest.mark.parametrize(
+    "point",
+    [f"ingest.create-table:{n}" for n in (1, 2, 3)]
+    + [f"{p}:{n}" for p in ("ingest.before-commit", "ingest.after-commit") for n in (1, 2, 4, 7)],
+)
+def test_a_failure_at_any_step_loses_nothing_and_the_rerun_adds_each_record_once(
+    settings, tmp_path, monkeypatch, point
+):
     """A failure while creating or writing any table of a batch that spans new tables; the
     rerun ends with every input record in exactly one log or dead-letter table."""
     from connector.faults import FAIL_ENV, InjectedFailure, _hits

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from connector.app import policy_of, run_ingest
@@ -14,7 +14,7 @@ from iceberg.compaction.stats import load_optional
 from iceberg.layouts import TableNames
 from iceberg.maintenance import MaintenancePolicy
 
-NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def with_source(settings: Settings, path: Path, **compaction) -> Settings:
@@ -33,8 +33,15 @@ def names(settings: Settings, table: str) -> TableNames:
     return TableNames(settings.catalog.name, settings.catalog.namespace, table)
 
 
-def compact_table(spark, settings: Settings, table: str, now: datetime = NOW, force: bool = True,
-                  packed: bool = True, maintenance: MaintenancePolicy | None = None):
+def compact_table(
+    spark,
+    settings: Settings,
+    table: str,
+    now: datetime = NOW,
+    force: bool = True,
+    packed: bool = True,
+    maintenance: MaintenancePolicy | None = None,
+):
     policy = dataclasses.replace(policy_of(settings), packed=packed)
     if maintenance is not None:
         policy = dataclasses.replace(policy, maintenance=maintenance)

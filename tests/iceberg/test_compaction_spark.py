@@ -14,8 +14,16 @@ from iceberg.compaction.stats import clean_bytes, cleaner_points
 from iceberg.log_writer import committed_positions
 from iceberg.maintenance import MaintenancePolicy, shape_of
 from tests.conftest import kcat_lines
-from tests.iceberg.helpers import (NOW, compact_table, decoded, names, offsets_by_key, run_ingest, with_source,
-                                   write_lines)
+from tests.iceberg.helpers import (
+    NOW,
+    compact_table,
+    decoded,
+    names,
+    offsets_by_key,
+    run_ingest,
+    with_source,
+    write_lines,
+)
 from tests.model import expected_tables
 
 pytestmark = pytest.mark.spark
@@ -32,11 +40,14 @@ def test_spark_and_pyiceberg_share_one_catalog(spark, settings):
     assert spark.sql(f"SELECT sum(id) FROM {ns}.from_py").first()[0] == 24
 
 
-@pytest.mark.parametrize("fixture,table,topic", [
-    ("mysql_customers_cdc_with_schema.jsonl", "customers", "dbserver1.inventory.customers"),
-    ("postgres_products_cdc_plain.jsonl", "products", "fullfillment.inventory.products"),
-    ("mysql_products_legacy_snapshot_as_create_plain.jsonl", "products", "dbserver1.inventory.products"),
-])
+@pytest.mark.parametrize(
+    "fixture,table,topic",
+    [
+        ("mysql_customers_cdc_with_schema.jsonl", "customers", "dbserver1.inventory.customers"),
+        ("postgres_products_cdc_plain.jsonl", "products", "fullfillment.inventory.products"),
+        ("mysql_products_legacy_snapshot_as_create_plain.jsonl", "products", "dbserver1.inventory.products"),
+    ],
+)
 def test_fixture_stream_compacts_to_the_model(spark, settings, fixtures, tmp_path, fixture, table, topic):
     values = [v for v in (fixtures / fixture).read_text().splitlines() if v.strip()]
     keys = []
@@ -51,8 +62,10 @@ def test_fixture_stream_compacts_to_the_model(spark, settings, fixtures, tmp_pat
         if '"op":"d"' in v:
             vals.append(None), ks.append(k)
     lines = kcat_lines(topic, vals, ks)
-    s = with_source(settings.model_copy(update={"tables": {table: TableConfig(key_fields=["id"])}}),
-                    write_lines(tmp_path / "in.jsonl", lines))
+    s = with_source(
+        settings.model_copy(update={"tables": {table: TableConfig(key_fields=["id"])}}),
+        write_lines(tmp_path / "in.jsonl", lines),
+    )
     run_ingest(s)
     report = compact_table(spark, s, table)
     state, tombs = expected_tables(decoded(tmp_path / "in.jsonl", s), "source")
@@ -66,8 +79,14 @@ def test_fixture_stream_compacts_to_the_model(spark, settings, fixtures, tmp_pat
 
 
 def _pg(op, key, lsn, snapshot="false"):
-    return json.dumps({"op": op, "before": None, "after": None if op == "d" else {"id": key, "v": lsn},
-                       "source": {"connector": "postgresql", "table": "things", "lsn": lsn, "snapshot": snapshot}})
+    return json.dumps(
+        {
+            "op": op,
+            "before": None,
+            "after": None if op == "d" else {"id": key, "v": lsn},
+            "source": {"connector": "postgresql", "table": "things", "lsn": lsn, "snapshot": snapshot},
+        }
+    )
 
 
 def test_stale_event_in_a_later_round_is_counted_and_ignored(spark, settings, tmp_path):
@@ -87,7 +106,9 @@ def test_stale_event_in_a_later_round_is_counted_and_ignored(spark, settings, tm
     # recorded one by one, and counted in the round's commit
     rows = load_catalog(s).load_table(t.stale).scan().to_arrow().to_pylist()
     assert sorted((r["_offset"], r["reason"], r["_source_position"]) for r in rows) == [
-        ("2", "older_than_state", [15]), ("3", "snapshot_after_stream", [20])]
+        ("2", "older_than_state", [15]),
+        ("3", "snapshot_after_stream", [20]),
+    ]
     summary = load_catalog(s).load_table(t.state).current_snapshot().summary.additional_properties
     assert json.loads(summary["cdclake.stale"]) == {"older_than_state": 1, "snapshot_after_stream": 1}
 
@@ -98,8 +119,10 @@ def _truncate(lsn):
 
 def test_truncate_removes_every_older_key_and_writes_no_tombstones(spark, settings, tmp_path):
     values = [_pg("c", 1, 10), _pg("c", 2, 11), _truncate(12), _pg("c", 3, 13)]
-    s = with_source(settings, write_lines(tmp_path / "in.jsonl", kcat_lines(
-        "db.s.things", values, [{"id": 1}, {"id": 2}, None, {"id": 3}])))
+    s = with_source(
+        settings,
+        write_lines(tmp_path / "in.jsonl", kcat_lines("db.s.things", values, [{"id": 1}, {"id": 2}, None, {"id": 3}])),
+    )
     run_ingest(s)
     report = compact_table(spark, s, "things")
     assert (report.truncates, report.truncated) == (1, 2)
@@ -109,13 +132,26 @@ def test_truncate_removes_every_older_key_and_writes_no_tombstones(spark, settin
 
 def kline(part, offset, key, value, ts):
     """One kcat -J line on a partition of topic db.s.things."""
-    return json.dumps({"topic": "db.s.things", "partition": part, "offset": offset, "ts": 1_700_000_000_000 + ts,
-                       "key": None if key is None else json.dumps({"id": key}), "payload": value})
+    return json.dumps(
+        {
+            "topic": "db.s.things",
+            "partition": part,
+            "offset": offset,
+            "ts": 1_700_000_000_000 + ts,
+            "key": None if key is None else json.dumps({"id": key}),
+            "payload": value,
+        }
+    )
 
 
 # c key 1 (p0); c key 2 (p1); d key 2 and its tombstone (p1); a truncate on p3 (lsn 40)
-DELETE_THEN_TRUNCATE = [kline(0, 0, 1, _pg("c", 1, 10), 0), kline(1, 0, 2, _pg("c", 2, 20), 1),
-                        kline(1, 1, 2, _pg("d", 2, 30), 2), kline(1, 2, 2, None, 3), kline(3, 0, None, _truncate(40), 4)]
+DELETE_THEN_TRUNCATE = [
+    kline(0, 0, 1, _pg("c", 1, 10), 0),
+    kline(1, 0, 2, _pg("c", 2, 20), 1),
+    kline(1, 1, 2, _pg("d", 2, 30), 2),
+    kline(1, 2, 2, None, 3),
+    kline(3, 0, None, _truncate(40), 4),
+]
 
 
 @pytest.mark.parametrize("cut", [None, 4, 2])
@@ -123,21 +159,26 @@ def test_a_truncate_keeps_an_earlier_deletes_own_tombstone(spark, settings, tmp_
     """Whichever round the truncate lands in, key 2's tombstone is its own: partition 1, the
     offset of its tombstone record, the delete's position; key 1 is gone."""
     s = with_source(settings, write_lines(tmp_path / "in.jsonl", DELETE_THEN_TRUNCATE))
-    for n in ([cut, None] if cut else [None]):
+    for n in [cut, None] if cut else [None]:
         run_ingest(s, max_records=n)
         compact_table(spark, s, "things")
     t = names(s, "things")
     assert offsets_by_key(s, t.state) == {}
     rows = load_catalog(s).load_table(t.tombstones).scan().to_arrow().to_pylist()
     assert [(r["_key"], r["_partition_id"], r["_offset"], r["_source_position"]) for r in rows] == [
-        ('{"id":2}', 1, "2", [30])]
+        ('{"id":2}', 1, "2", [30])
+    ]
 
 
 def test_under_log_ordering_a_truncate_compares_enqueued_times(spark, settings, tmp_path):
     """Round 1: c A (p0), c B (p2). Round 2: a truncate on p1, then c C (p0) enqueued after it:
     A and B go, C stays, and later events on low partitions are not stale."""
-    lines = [kline(0, 0, 1, _pg("c", 1, 10), 0), kline(2, 0, 2, _pg("c", 2, 11), 1),
-             kline(1, 0, None, _truncate(12), 2), kline(0, 1, 3, _pg("c", 3, 13), 3)]
+    lines = [
+        kline(0, 0, 1, _pg("c", 1, 10), 0),
+        kline(2, 0, 2, _pg("c", 2, 11), 1),
+        kline(1, 0, None, _truncate(12), 2),
+        kline(0, 1, 3, _pg("c", 3, 13), 3),
+    ]
     s = with_source(settings, write_lines(tmp_path / "in.jsonl", lines), ordering="log")
     run_ingest(s, max_records=2)
     compact_table(spark, s, "things")
@@ -150,12 +191,17 @@ def test_under_log_ordering_a_truncate_compares_enqueued_times(spark, settings, 
 
 @pytest.mark.parametrize("ordering", ["source", "log"])
 def test_an_event_older_than_the_truncate_marker_stays_stale_after_tombstones_are_purged(
-        spark, settings, tmp_path, ordering):
+    spark, settings, tmp_path, ordering
+):
     """The truncate is a table-level marker, never purged: a later-arriving change older than
     it does not resurrect its key, even once every tombstone has expired."""
     f = tmp_path / "in.jsonl"
-    first = [kline(0, 0, 1, _pg("c", 1, 10), 0), kline(0, 1, 1, _pg("d", 1, 11), 1), kline(0, 2, 1, None, 2),
-             kline(1, 0, None, _truncate(20), 10)]
+    first = [
+        kline(0, 0, 1, _pg("c", 1, 10), 0),
+        kline(0, 1, 1, _pg("d", 1, 11), 1),
+        kline(0, 2, 1, None, 2),
+        kline(1, 0, None, _truncate(20), 10),
+    ]
     s = with_source(settings, write_lines(f, first), ordering=ordering, tombstone_retention_hours=1)
     run_ingest(s)
     compact_table(spark, s, "things", now=NOW)
@@ -169,13 +215,17 @@ def test_an_event_older_than_the_truncate_marker_stays_stale_after_tombstones_ar
     assert offsets_by_key(s, t.state) == {} and offsets_by_key(s, t.tombstones) == {}
     rows = load_catalog(s).load_table(t.stale).scan().to_arrow().to_pylist()
     assert [(r["_key"], r["_partition_id"], r["_offset"], r["reason"]) for r in rows] == [
-        ('{"id":2}', 2, "0", "older_than_truncate")]
+        ('{"id":2}', 2, "0", "older_than_truncate")
+    ]
 
 
 def test_tombstones_guard_within_retention_then_are_purged(spark, settings, tmp_path):
     f = tmp_path / "in.jsonl"
-    s = with_source(settings, write_lines(f, kcat_lines("db.s.things", [_pg("c", 1, 10), _pg("d", 1, 20), None],
-                                                       [{"id": 1}] * 3)), tombstone_retention_hours=24)
+    s = with_source(
+        settings,
+        write_lines(f, kcat_lines("db.s.things", [_pg("c", 1, 10), _pg("d", 1, 20), None], [{"id": 1}] * 3)),
+        tombstone_retention_hours=24,
+    )
     run_ingest(s)
     compact_table(spark, s, "things", now=NOW)
     tombs = names(s, "things").tombstones
@@ -214,8 +264,10 @@ def test_maintenance_bounds_files_and_snapshots_and_keeps_the_cleaner_points(spa
     catalog = load_catalog(s)
 
     def round_of(i: int, maintenance: MaintenancePolicy):
-        values.extend([_pg("c" if i == 0 else "u", k, 10 * i + k) for k in range(3)] + ([_pg("d", 0, 10 * i + 5)]
-                                                                                          if i == 2 else []))
+        values.extend(
+            [_pg("c" if i == 0 else "u", k, 10 * i + k) for k in range(3)]
+            + ([_pg("d", 0, 10 * i + 5)] if i == 2 else [])
+        )
         keys.extend([{"id": k} for k in range(3)] + ([{"id": 0}] if i == 2 else []))
         write_lines(f, kcat_lines("db.s.things", values, keys))
         run_ingest(s)
@@ -254,7 +306,9 @@ def test_maintenance_bounds_files_and_snapshots_and_keeps_the_cleaner_points(spa
     assert offsets_by_key(s, t.tombstones) == tomb_rows
 
 
-@pytest.mark.parametrize("sql,says", [("SELEC 1", "PARSE_SYNTAX_ERROR"), ("SELECT * FROM nowhere.nothing", "TABLE_OR_VIEW_NOT_FOUND")])
+@pytest.mark.parametrize(
+    "sql,says", [("SELEC 1", "PARSE_SYNTAX_ERROR"), ("SELECT * FROM nowhere.nothing", "TABLE_OR_VIEW_NOT_FOUND")]
+)
 def test_a_query_spark_refuses_is_one_line_with_sparks_message(spark, settings, sql, says):
     from connector.cli import QueryError, _print_query
 
@@ -270,8 +324,13 @@ def test_an_event_the_table_cannot_hold_is_a_dead_letter_and_the_table_goes_on(s
     f = tmp_path / "in.jsonl"
 
     def pg(key, lsn, v):
-        return json.dumps({"op": "c", "after": {"id": key, "v": v}, "source": {
-            "connector": "postgresql", "table": "things", "lsn": lsn}})
+        return json.dumps(
+            {
+                "op": "c",
+                "after": {"id": key, "v": v},
+                "source": {"connector": "postgresql", "table": "things", "lsn": lsn},
+            }
+        )
 
     first = [pg(1, 10, 5), pg(2, 11, "five"), pg(3, 12, 7)]
     s = with_source(settings, write_lines(f, kcat_lines("db.s.things", first, [{"id": k} for k in (1, 2, 3)])))
@@ -283,7 +342,8 @@ def test_an_event_the_table_cannot_hold_is_a_dead_letter_and_the_table_goes_on(s
     assert offsets_by_key(s, t.state) == {'{"id":1}': "0", '{"id":3}': "2"}
     dead = catalog.load_table(t.dead_letters).scan().to_arrow().to_pylist()
     assert [(d["offset"], d["reason"], d["key"], d["value"]) for d in dead] == [
-        ("1", "schema", b'{"id":2}', first[1].encode())]
+        ("1", "schema", b'{"id":2}', first[1].encode())
+    ]
     assert "'v'" in dead[0]["detail"] and "bigint" in dead[0]["detail"] and "string" in dead[0]["detail"]
     assert cleaner_points(catalog.load_table(t.state)) == {"db.s.things:0": 3}
     # the next round: key 2 again, as an integer, and a replayed round adds no second dead letter

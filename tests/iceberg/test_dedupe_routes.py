@@ -7,7 +7,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, example, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from connector.ordering import order_key
 from iceberg.compaction import dedupe
@@ -16,17 +18,32 @@ from iceberg.compaction.dedupe import MAX_POSITION, Packing
 
 def bounds_of(positions, partitions, seqs) -> dict:
     sized = [len(p) for p in positions if p is not None]
-    b = {"size_min": min(sized, default=None), "size_max": max(sized, default=None),
-         "part_min": min(partitions), "part_max": max(partitions), "seq_min": min(seqs), "seq_max": max(seqs)}
+    b = {
+        "size_min": min(sized, default=None),
+        "size_max": max(sized, default=None),
+        "part_min": min(partitions),
+        "part_max": max(partitions),
+        "seq_min": min(seqs),
+        "seq_max": max(seqs),
+    }
     for i in range(MAX_POSITION):
         col = [p[i] for p in positions if p is not None and len(p) > i]
         b[f"lo{i}"], b[f"hi{i}"] = min(col, default=None), max(col, default=None)
     return b
 
 
-changes = st.integers(1, 3).flatmap(lambda n: st.lists(st.tuples(
-    st.tuples(*[st.integers(-5, 2**12) for _ in range(n)]), st.booleans(), st.integers(0, 31),
-    st.integers(0, 2**16)), min_size=2, max_size=30))
+changes = st.integers(1, 3).flatmap(
+    lambda n: st.lists(
+        st.tuples(
+            st.tuples(*[st.integers(-5, 2**12) for _ in range(n)]),
+            st.booleans(),
+            st.integers(0, 31),
+            st.integers(0, 2**16),
+        ),
+        min_size=2,
+        max_size=30,
+    )
+)
 
 
 @given(changes)
@@ -35,8 +52,9 @@ def test_packed_key_orders_like_the_ordering_rule(cs):
     assert packing is not None
     packed = sorted(cs, key=lambda c: packing.pack(c[0], 0 if c[1] else 1, c[2], c[3]))
     ruled = sorted(cs, key=lambda c: order_key(c[0], c[1], c[2], c[3], "source"))
-    assert [order_key(c[0], c[1], c[2], c[3], "source") for c in packed] == \
-           [order_key(c[0], c[1], c[2], c[3], "source") for c in ruled]
+    assert [order_key(c[0], c[1], c[2], c[3], "source") for c in packed] == [
+        order_key(c[0], c[1], c[2], c[3], "source") for c in ruled
+    ]
 
 
 @given(changes, st.data())
@@ -48,16 +66,28 @@ def test_bounds_of_two_frames_merge_into_the_bounds_of_their_union(cs, data):
     assert dedupe.merge_bounds(of(a), of(b)) == of(cs)
 
 
-@given(st.lists(st.tuples(st.none() | st.lists(st.integers(-2**40, 2**40), max_size=MAX_POSITION + 1),
-                         st.integers(0, 31), st.integers(0, 2**40)), min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.none() | st.lists(st.integers(-(2**40), 2**40), max_size=MAX_POSITION + 1),
+            st.integers(0, 31),
+            st.integers(0, 2**40),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
 @hsettings(deadline=None)  # the first call loads Arrow's compute kernels
 def test_bounds_from_the_planners_arrow_scan_equal_the_model(rows):
     """The job takes the dirty events' bounds from the planner's pyiceberg scan, not from Spark."""
     import pyarrow as pa
 
     positions, partitions, seqs = zip(*rows)
-    got = dedupe.arrow_bounds(pa.chunked_array([pa.array(positions, pa.list_(pa.int64()))]),
-                              pa.array(partitions, pa.int32()), pa.array(seqs, pa.int64()))
+    got = dedupe.arrow_bounds(
+        pa.chunked_array([pa.array(positions, pa.list_(pa.int64()))]),
+        pa.array(partitions, pa.int32()),
+        pa.array(seqs, pa.int64()),
+    )
     assert got == bounds_of(positions, partitions, seqs)
 
 
@@ -91,47 +121,82 @@ def frame(spark, rows, width):
         held_keys |= {key} if held else set()
         position = None if pos is None else [pos] + [(pos * 7 + i) % 3 for i in range(1, width)]
         snap = snap and (pos is not None or key == 0)  # a position-less snapshot row: key 0 only
-        out.append((f"k{key}", "t", part, "0", next(seqs[part]), None, "d" if pos is None else op, snap, 0,
-                    position, 1, None, None, held))
-    schema = ("_key string, _topic string, _partition_id int, _offset string, _sequence_number bigint, "
-              "_enqueued_time timestamp, _op string, _snapshot boolean, _source_ts bigint, "
-              "_source_position array<bigint>, _payload_bytes bigint, _after string, _after_types string, "
-              "_held boolean")
+        out.append(
+            (
+                f"k{key}",
+                "t",
+                part,
+                "0",
+                next(seqs[part]),
+                None,
+                "d" if pos is None else op,
+                snap,
+                0,
+                position,
+                1,
+                None,
+                None,
+                held,
+            )
+        )
+    schema = (
+        "_key string, _topic string, _partition_id int, _offset string, _sequence_number bigint, "
+        "_enqueued_time timestamp, _op string, _snapshot boolean, _source_ts bigint, "
+        "_source_position array<bigint>, _payload_bytes bigint, _after string, _after_types string, "
+        "_held boolean"
+    )
     return spark.createDataFrame(out, schema).select(*[F.col(c) for c in dedupe.CANDIDATE_COLUMNS])
 
 
 @pytest.mark.spark
-@hsettings(max_examples=30, deadline=None, derandomize=True,
-           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(rows=st.lists(candidate, min_size=1, max_size=14), width=st.integers(1, 3),
-       ordering=st.sampled_from(["source", "log"]))
+@hsettings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    rows=st.lists(candidate, min_size=1, max_size=14),
+    width=st.integers(1, 3),
+    ordering=st.sampled_from(["source", "log"]),
+)
 # a bare tombstone before the key's first position has no position: even a snapshot read wins
 @example(rows=[(1, False, 0, None, False, "d"), (1, False, 0, 3, True, "c")], width=1, ordering="source")
 # after it, the tombstone takes the position and wins over the snapshot read
 @example(rows=[(1, False, 0, 3, True, "c"), (1, False, 0, None, False, "d")], width=2, ordering="source")
 def test_packed_winners_equal_the_general_route(spark, rows, width, ordering):
-    from pyspark.sql import functions as F
-
     import numpy as np
     import pyarrow as pa
+    from pyspark.sql import functions as F
 
     from iceberg.compaction.job import _bounds
     from iceberg.compaction.stats import in_order, segment
 
     df = frame(spark, rows, width)
     general = {r["_key"]: r for r in dedupe.latest_per_key(dedupe.rank(df, ordering)).collect()}
-    packing = Packing.of(_bounds(df, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"),
-                                 ordering))
+    packing = Packing.of(
+        _bounds(df, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"), ordering)
+    )
     assert packing is not None
     packed = {r["_key"]: r for r in dedupe.packed_latest(df, packing, ordering).collect()}
     assert packed.keys() == general.keys()
     rows_ = df.collect()
     own = {(r["_key"], r["_held"], r["_partition_id"], r["_sequence_number"]): r["_source_position"] for r in rows_}
     # the job packs only a round whose streams are in order (the planner's check of the log)
-    in_order_ = all(in_order([segment(np.array([r["_sequence_number"] for r in new]),
-                                      pa.array([r["_source_position"] for r in new], pa.list_(pa.int64())),
-                                      np.array([r["_snapshot"] for r in new]), ordering)])
-                    for part in (0, 1) if (new := [r for r in rows_ if not r["_held"] and r["_partition_id"] == part]))
+    in_order_ = all(
+        in_order(
+            [
+                segment(
+                    np.array([r["_sequence_number"] for r in new]),
+                    pa.array([r["_source_position"] for r in new], pa.list_(pa.int64())),
+                    np.array([r["_snapshot"] for r in new]),
+                    ordering,
+                )
+            ]
+        )
+        for part in (0, 1)
+        if (new := [r for r in rows_ if not r["_held"] and r["_partition_id"] == part])
+    )
     for key, g in general.items():
         p = packed[key]
         if p["_irregular"]:

@@ -63,9 +63,22 @@ def test_debezium_types_reach_the_state_table(demo):
 
 def test_new_columns_are_added_in_a_later_round(spark, settings, tmp_path):
     def line(offset, after):
-        return json.dumps({"topic": "db.s.things", "partition": 0, "offset": offset, "ts": 1, "key": '{"id":1}',
-                           "payload": json.dumps({"op": "u", "after": after, "source": {
-                               "connector": "postgresql", "table": "things", "lsn": 10 + offset}})})
+        return json.dumps(
+            {
+                "topic": "db.s.things",
+                "partition": 0,
+                "offset": offset,
+                "ts": 1,
+                "key": '{"id":1}',
+                "payload": json.dumps(
+                    {
+                        "op": "u",
+                        "after": after,
+                        "source": {"connector": "postgresql", "table": "things", "lsn": 10 + offset},
+                    }
+                ),
+            }
+        )
 
     f = write_lines(tmp_path / "in.jsonl", [line(0, {"id": 1, "v": "a"})])
     s = with_source(settings, f)

@@ -11,11 +11,11 @@ import pytest
 
 from connector.debezium import Decoder
 from connector.pipeline import ingest
+from connector.records import ChangeEvent
 from connector.sources import Source
 from iceberg.catalog import load_catalog
 from iceberg.layouts import source_tables
 from tests.connector.test_fuzz import mutate, record, samples
-from connector.records import ChangeEvent
 from tests.iceberg.helpers import compact_table, offsets_by_key
 from tests.model import expected_tables
 
@@ -50,8 +50,9 @@ def test_a_fuzzed_stream_ingests_and_compacts_without_losing_or_blocking_anythin
     for i in range(1500):
         table, raw = rng.choice(postgres if rng.random() < 0.5 else base)
         value = mutate(rng, raw) if rng.random() < 0.4 else raw
-        records.append(record(i, f"srv.inventory.{table}", b'{"id":%d}' % rng.randrange(40), value,
-                              partition=rng.randrange(2)))
+        records.append(
+            record(i, f"srv.inventory.{table}", b'{"id":%d}' % rng.randrange(40), value, partition=rng.randrange(2))
+        )
     catalog, ns = load_catalog(settings), settings.catalog.namespace
     for _ in range(2):  # the second run finds everything held
         ingest(ListSource(records), catalog, ns, Decoder({"customers": ["id"]}), batch_size=400)

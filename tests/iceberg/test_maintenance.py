@@ -14,17 +14,20 @@ HOUR = 3_600_000
 NOW = 100 * HOUR
 
 
-@pytest.mark.parametrize("shape, due", [
-    (TableShape(), False),  # no snapshot yet
-    (TableShape(data_files=16, data_bytes=40 * MB, records=1000), False),  # 15 more than 40 MB need
-    (TableShape(data_files=17, data_bytes=40 * MB, records=1000), True),
-    # a big table's files are not all "small": 1 GB in files of at least 48 MB (3/4 of the
-    # 64 MB target, which bin-pack leaves alone) is up to 22 of them
-    (TableShape(data_files=37, data_bytes=1024 * MB, records=1000, target_file_bytes=64 * MB), False),
-    (TableShape(data_files=38, data_bytes=1024 * MB, records=1000, target_file_bytes=64 * MB), True),
-    (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=1000, deleted_rows=199), False),
-    (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=1000, deleted_rows=200), True),
-])
+@pytest.mark.parametrize(
+    "shape, due",
+    [
+        (TableShape(), False),  # no snapshot yet
+        (TableShape(data_files=16, data_bytes=40 * MB, records=1000), False),  # 15 more than 40 MB need
+        (TableShape(data_files=17, data_bytes=40 * MB, records=1000), True),
+        # a big table's files are not all "small": 1 GB in files of at least 48 MB (3/4 of the
+        # 64 MB target, which bin-pack leaves alone) is up to 22 of them
+        (TableShape(data_files=37, data_bytes=1024 * MB, records=1000, target_file_bytes=64 * MB), False),
+        (TableShape(data_files=38, data_bytes=1024 * MB, records=1000, target_file_bytes=64 * MB), True),
+        (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=1000, deleted_rows=199), False),
+        (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=1000, deleted_rows=200), True),
+    ],
+)
 def test_rewrite_when_files_exceed_what_the_bytes_need_or_a_fifth_is_deleted(shape, due):
     assert rewrite_due(shape, POLICY) is due
 
@@ -40,8 +43,14 @@ def test_expires_once_a_batch_is_older_than_the_retention():
 def test_never_expires_the_newest_snapshot_with_the_cleaner_points():
     """Rewrites after the last round carry no cleaner points: the round's snapshot stays."""
     marked = NOW - 3 * HOUR
-    snapshots = [(marked - 3, True), (marked - 2, False), (marked - 1, True), (marked, True),
-                 (marked + 1, False), (marked + 2, False)]
+    snapshots = [
+        (marked - 3, True),
+        (marked - 2, False),
+        (marked - 1, True),
+        (marked, True),
+        (marked + 1, False),
+        (marked + 2, False),
+    ]
     cutoff = expire_before(snapshots, NOW, POLICY)
     assert cutoff == marked
     assert [s for s in snapshots if s[0] >= cutoff] == snapshots[3:]

@@ -10,7 +10,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, example, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from iceberg.catalog import load_catalog
 from iceberg.compaction.stats import load_optional
@@ -43,38 +45,89 @@ def to_lines(stream) -> list[str]:
         if op == "t":
             base += 9
         position = base if op == "t" else base + lsn
-        source = {"connector": "postgresql", "table": "things", "lsn": position,
-                  "snapshot": "true" if op == "r" else "false"}
+        source = {
+            "connector": "postgresql",
+            "table": "things",
+            "lsn": position,
+            "snapshot": "true" if op == "r" else "false",
+        }
         kind = "c" if op == "junk" else op
-        values = [json.dumps({"op": kind, "before": None, "after": None if kind in "dt" else {"id": key, "lsn": lsn},
-                              "source": source})]
+        values = [
+            json.dumps(
+                {
+                    "op": kind,
+                    "before": None,
+                    "after": None if kind in "dt" else {"id": key, "lsn": lsn},
+                    "source": source,
+                }
+            )
+        ]
         if op == "d" and tombstone:
             values.append(None)
         raw_key = None if op == "t" else f"id={key}" if op == "junk" else json.dumps({"id": key})
         for v in values:
-            lines.append(json.dumps({"topic": "db.s.things", "partition": part, "offset": offsets[part],
-                                     "ts": 1_700_000_000_000 + len(lines), "key": raw_key, "payload": v}))
+            lines.append(
+                json.dumps(
+                    {
+                        "topic": "db.s.things",
+                        "partition": part,
+                        "offset": offsets[part],
+                        "ts": 1_700_000_000_000 + len(lines),
+                        "key": raw_key,
+                        "payload": v,
+                    }
+                )
+            )
             offsets[part] += 1
     return lines
 
 
-@hsettings(max_examples=16, deadline=None, derandomize=True,
-           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(stream=st.lists(event, min_size=1, max_size=25), cuts=st.lists(st.integers(1, 40), max_size=2),
-       ordering=st.sampled_from(["source", "log"]), packed=st.booleans(), maintain=st.booleans())
+@hsettings(
+    max_examples=16,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    stream=st.lists(event, min_size=1, max_size=25),
+    cuts=st.lists(st.integers(1, 40), max_size=2),
+    ordering=st.sampled_from(["source", "log"]),
+    packed=st.booleans(),
+    maintain=st.booleans(),
+)
 # a delete and its bare tombstone in one round: the tombstone wins and carries the delete's position
 @example(stream=[(0, "c", 1, False), (0, "d", 2, True)], cuts=[], ordering="source", packed=True, maintain=False)
 # a truncate after a delete (defect of earlier versions): the tombstone keeps the delete's own metadata
-@example(stream=[(0, "c", 1, False), (1, "c", 1, False), (1, "d", 2, True), (0, "t", 1, False)], cuts=[],
-         ordering="source", packed=True, maintain=False)
+@example(
+    stream=[(0, "c", 1, False), (1, "c", 1, False), (1, "d", 2, True), (0, "t", 1, False)],
+    cuts=[],
+    ordering="source",
+    packed=True,
+    maintain=False,
+)
 # under log, a truncate compares enqueued times across partitions, not offsets
-@example(stream=[(0, "c", 1, False), (1, "c", 1, False), (0, "t", 1, False), (0, "c", 1, False)], cuts=[2],
-         ordering="log", packed=True, maintain=False)
+@example(
+    stream=[(0, "c", 1, False), (1, "c", 1, False), (0, "t", 1, False), (0, "c", 1, False)],
+    cuts=[2],
+    ordering="log",
+    packed=True,
+    maintain=False,
+)
 # stale events within one round, and a snapshot replayed after a streamed change under log
-@example(stream=[(0, "c", 5, False), (0, "u", 3, False), (0, "u", 7, False), (1, "u", 2, False), (1, "r", 1, False)],
-         cuts=[], ordering="log", packed=True, maintain=False)
-@example(stream=[(0, "c", 5, False), (0, "u", 3, False), (0, "u", 7, False), (0, "r", 7, False)], cuts=[2],
-         ordering="source", packed=True, maintain=False)
+@example(
+    stream=[(0, "c", 5, False), (0, "u", 3, False), (0, "u", 7, False), (1, "u", 2, False), (1, "r", 1, False)],
+    cuts=[],
+    ordering="log",
+    packed=True,
+    maintain=False,
+)
+@example(
+    stream=[(0, "c", 5, False), (0, "u", 3, False), (0, "u", 7, False), (0, "r", 7, False)],
+    cuts=[2],
+    ordering="source",
+    packed=True,
+    maintain=False,
+)
 def test_random_stream_in_random_batches_matches_the_model(spark, settings, stream, cuts, ordering, packed, maintain):
     """`packed`: the packed order key where a round fits (as in production), else the general
     route (the window) for every round. `maintain`: after every round, a table with more than
@@ -82,8 +135,17 @@ def test_random_stream_in_random_batches_matches_the_model(spark, settings, stre
     their cleaner points after that)."""
     lines = to_lines(stream)
     path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
-    s = with_source(settings.model_copy(update={"catalog": settings.catalog.model_copy(
-        update={"namespace": f"{settings.catalog.namespace}_p{next(_ns)}"})}), path, ordering=ordering)
+    s = with_source(
+        settings.model_copy(
+            update={
+                "catalog": settings.catalog.model_copy(
+                    update={"namespace": f"{settings.catalog.namespace}_p{next(_ns)}"}
+                )
+            }
+        ),
+        path,
+        ordering=ordering,
+    )
     bounds = sorted({c for c in cuts if c < len(lines)}) + [len(lines)]
     done, stale = 0, 0
     for b in bounds:
@@ -101,15 +163,21 @@ def test_random_stream_in_random_batches_matches_the_model(spark, settings, stre
     assert offsets_by_key(s, names(s, "things").tombstones) == tombs
     # the stored source positions too: a later round compares new events with them
     catalog, t = load_catalog(s), names(s, "things")
-    stored = {r["_key"]: (None if r["_source_position"] is None else tuple(r["_source_position"]))
-              for name in (t.state, t.tombstones) if catalog.table_exists(name)
-              for r in catalog.load_table(name).scan(selected_fields=("_key", "_source_position")).to_arrow().to_pylist()}
+    stored = {
+        r["_key"]: (None if r["_source_position"] is None else tuple(r["_source_position"]))
+        for name in (t.state, t.tombstones)
+        if catalog.table_exists(name)
+        for r in catalog.load_table(name).scan(selected_fields=("_key", "_source_position")).to_arrow().to_pylist()
+    }
     assert stored == {k: position for k, (_, _, position) in survivors(events, ordering).items()}
     # every stale event, with its reason, for the rounds as they were split
     rounds = [events[a:b] for a, b in zip([0] + bounds, bounds)]
     want = stale_events(rounds, ordering)
     stale_table = load_optional(load_catalog(s), names(s, "things").stale)
-    got = [] if stale_table is None else stale_table.scan(
-        selected_fields=("_partition_id", "_sequence_number", "reason")).to_arrow().to_pylist()
+    got = (
+        []
+        if stale_table is None
+        else stale_table.scan(selected_fields=("_partition_id", "_sequence_number", "reason")).to_arrow().to_pylist()
+    )
     assert sorted((r["_partition_id"], r["_sequence_number"], r["reason"]) for r in got) == want
     assert stale == len(want)

@@ -21,8 +21,14 @@ LAG = timedelta(milliseconds=100)
 
 
 def _pg(op: str, key: int, lsn: int) -> str:
-    return json.dumps({"op": op, "before": None, "after": None if op in "dt" else {"id": key, "v": lsn},
-                       "source": {"connector": "postgresql", "table": "things", "lsn": lsn}})
+    return json.dumps(
+        {
+            "op": op,
+            "before": None,
+            "after": None if op in "dt" else {"id": key, "v": lsn},
+            "source": {"connector": "postgresql", "table": "things", "lsn": lsn},
+        }
+    )
 
 
 def _stream(part: int, n: int, ts0: int) -> list[str]:
@@ -41,13 +47,25 @@ def _expected(rows: list[dict], points: dict[str, int], cutoff, ordering: str) -
         end = min(young) if young else max(r["sequence_number"] for r in mine) + 1
         cleanable = [r for r in mine if r["sequence_number"] < end]
         events = [r for r in cleanable if r["op"] != "t"]
-        position = pa.array([r["source_position"] if ordering == "source" else None for r in events],
-                            pa.large_list(pa.int64()))
-        bounds = arrow_bounds(position, pa.array([r["partition"] for r in events], pa.int32()),
-                              pa.array([r["sequence_number"] for r in events], pa.int64()))
-        out[stream] = (point, end, sum(r["payload_bytes"] for r in mine), sum(r["payload_bytes"] for r in cleanable),
-                       len(mine), len(cleanable), min(r["enqueued_time"] for r in mine),
-                       len(cleanable) - len(events), bounds)
+        position = pa.array(
+            [r["source_position"] if ordering == "source" else None for r in events], pa.large_list(pa.int64())
+        )
+        bounds = arrow_bounds(
+            position,
+            pa.array([r["partition"] for r in events], pa.int32()),
+            pa.array([r["sequence_number"] for r in events], pa.int64()),
+        )
+        out[stream] = (
+            point,
+            end,
+            sum(r["payload_bytes"] for r in mine),
+            sum(r["payload_bytes"] for r in cleanable),
+            len(mine),
+            len(cleanable),
+            min(r["enqueued_time"] for r in mine),
+            len(cleanable) - len(events),
+            bounds,
+        )
     return out
 
 
@@ -66,11 +84,14 @@ def test_stream_stats_read_a_few_files_at_a_time_match_the_whole_range(settings,
     log = catalog.load_table(t.log)
     # the cleaner points live in the state table's snapshot, its rows give the clean bytes
     points = {f"{TOPIC}:1": 40, f"{TOPIC}:2": 30}
-    state = catalog.create_table(t.state, schema=pa.schema(
-        [("_topic", pa.string()), ("_partition_id", pa.int32()), ("_payload_bytes", pa.int64())]))
-    state.append(pa.table({"_topic": [TOPIC], "_partition_id": [1], "_payload_bytes": [77]},
-                          schema=state.schema().as_arrow()),
-                 snapshot_properties={CLEANER_POINTS_PROPERTY: json.dumps(points)})
+    state = catalog.create_table(
+        t.state,
+        schema=pa.schema([("_topic", pa.string()), ("_partition_id", pa.int32()), ("_payload_bytes", pa.int64())]),
+    )
+    state.append(
+        pa.table({"_topic": [TOPIC], "_partition_id": [1], "_payload_bytes": [77]}, schema=state.schema().as_arrow()),
+        snapshot_properties={CLEANER_POINTS_PROPERTY: json.dumps(points)},
+    )
     policy = policy_of(s)
     assert policy.min_compaction_lag == LAG
 
@@ -79,8 +100,20 @@ def test_stream_stats_read_a_few_files_at_a_time_match_the_whole_range(settings,
     assert files >= 7, "the test needs a log of several files"
     for chunk_rows in (1, 250, 10_000_000):  # a file, a few files, all files per chunk
         got = stream_stats(catalog, t, policy, NOW, bounds=True, chunk_rows=chunk_rows)
-        assert {g.stream: (g.cleaner_point, g.cleanable_end, g.dirty_bytes, g.cleanable_bytes, g.dirty_events,
-                           g.cleanable_events, g.first_dirty_time, g.truncates, g.bounds) for g in got} == expected
+        assert {
+            g.stream: (
+                g.cleaner_point,
+                g.cleanable_end,
+                g.dirty_bytes,
+                g.cleanable_bytes,
+                g.dirty_events,
+                g.cleanable_events,
+                g.first_dirty_time,
+                g.truncates,
+                g.bounds,
+            )
+            for g in got
+        } == expected
         assert {g.stream: g.clean_bytes for g in got} == {f"{TOPIC}:0": 0, f"{TOPIC}:1": 77, f"{TOPIC}:2": 0}
     # what the test exercises: young events end two ranges early, truncates are counted
     assert [v[1] for v in expected.values()] == [151, 240, 61]
@@ -93,21 +126,25 @@ def _seg(seqs, positions, snapshots=None, ordering="source"):
     from iceberg.compaction.stats import segment
 
     snaps = np.array(snapshots if snapshots is not None else [False] * len(seqs))
-    return segment(np.array(seqs), pa.array([None if p is None else [p] for p in positions], pa.list_(pa.int64())),
-                   snaps, ordering)
+    return segment(
+        np.array(seqs), pa.array([None if p is None else [p] for p in positions], pa.list_(pa.int64())), snaps, ordering
+    )
 
 
-@pytest.mark.parametrize("parts,ordered", [
-    ([([0, 1, 2], [5, 6, 7])], True),
-    ([([2, 0, 1], [7, 5, 6])], True),  # read in any order, judged in sequence-number order
-    ([([0, 1, 2], [5, 3, 7])], False),  # lsn 3 arrives after lsn 5
-    ([([0, 1, 2], [5, None, 6])], True),  # a bare tombstone carries lsn 5
-    ([([0, 1], [None, None])], True),  # bare tombstones only
-    ([([0, 1], [5, 6]), ([2, 3], [7, 8])], True),
-    ([([2, 3], [7, 8]), ([0, 1], [5, 9])], False),  # across chunks: 9 then 7
-    ([([0, 1], [5, 6]), ([1, 2], [7, 8])], False),  # overlapping chunks: not known, so no
-    ([([0, 1], [5, 6]), ([2, 3], [None, 6])], True),  # a leading bare tombstone carries the chunk before's 6
-])
+@pytest.mark.parametrize(
+    "parts,ordered",
+    [
+        ([([0, 1, 2], [5, 6, 7])], True),
+        ([([2, 0, 1], [7, 5, 6])], True),  # read in any order, judged in sequence-number order
+        ([([0, 1, 2], [5, 3, 7])], False),  # lsn 3 arrives after lsn 5
+        ([([0, 1, 2], [5, None, 6])], True),  # a bare tombstone carries lsn 5
+        ([([0, 1], [None, None])], True),  # bare tombstones only
+        ([([0, 1], [5, 6]), ([2, 3], [7, 8])], True),
+        ([([2, 3], [7, 8]), ([0, 1], [5, 9])], False),  # across chunks: 9 then 7
+        ([([0, 1], [5, 6]), ([1, 2], [7, 8])], False),  # overlapping chunks: not known, so no
+        ([([0, 1], [5, 6]), ([2, 3], [None, 6])], True),  # a leading bare tombstone carries the chunk before's 6
+    ],
+)
 def test_segments_say_whether_a_stream_is_in_order(parts, ordered):
     from iceberg.compaction.stats import in_order
 

@@ -16,27 +16,42 @@ TOPIC = "db.s.things"
 
 
 def line(partition: int, offset: int, key: int, pad: int = 150) -> str:
-    value = {"op": "u", "after": {"id": key, "pad": "x" * pad},
-             "source": {"connector": "postgresql", "table": "things", "lsn": 1000 * partition + offset}}
-    return json.dumps({"topic": TOPIC, "partition": partition, "offset": offset, "ts": 1_700_000_000_000 + offset,
-                       "key": json.dumps({"id": key}), "payload": json.dumps(value)})
+    value = {
+        "op": "u",
+        "after": {"id": key, "pad": "x" * pad},
+        "source": {"connector": "postgresql", "table": "things", "lsn": 1000 * partition + offset},
+    }
+    return json.dumps(
+        {
+            "topic": TOPIC,
+            "partition": partition,
+            "offset": offset,
+            "ts": 1_700_000_000_000 + offset,
+            "key": json.dumps({"id": key}),
+            "payload": json.dumps(value),
+        }
+    )
 
 
 def quota_settings(settings, path, limit: int, policy: str = "fail", tier: str = "tiny"):
     """A table `things` on tier `tier`; `tiny` holds `limit` bytes per partition, events up to 600 bytes."""
     s = with_source(settings, path)
     tiny = CustomTier(compacted_bytes_per_partition=limit, max_event_bytes=600)
-    return s.model_copy(update={
-        "source": s.source.model_copy(update={"batch_size": 5}),
-        "quotas": s.quotas.model_copy(update={"policy": policy, "custom": {"tiny": tiny}}),
-        "tables": {"things": TableConfig(tier=tier)},
-    })
+    return s.model_copy(
+        update={
+            "source": s.source.model_copy(update={"batch_size": 5}),
+            "quotas": s.quotas.model_copy(update={"policy": policy, "custom": {"tiny": tiny}}),
+            "tables": {"things": TableConfig(tier=tier)},
+        }
+    )
 
 
 def log_offsets(s) -> list[tuple[int, int]]:
     t = load_catalog(s).load_table(names(s, "things").log)
-    return sorted((r["partition"], r["sequence_number"]) for r in
-                  t.scan(selected_fields=("partition", "sequence_number")).to_arrow().to_pylist())
+    return sorted(
+        (r["partition"], r["sequence_number"])
+        for r in t.scan(selected_fields=("partition", "sequence_number")).to_arrow().to_pylist()
+    )
 
 
 def test_oversize_events_go_to_dead_letters_with_their_size(settings, tmp_path):
