@@ -14,7 +14,7 @@ import re
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
@@ -62,34 +62,40 @@ def starting_value(text: str) -> str | int | datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-class SourceConfig(_Section):
-    type: Literal["file", "kafka", "eventhubs-kafka", "eventhubs"] = "file"
+class _SourceBase(_Section):
     batch_size: int = Field(50_000, gt=0, description="records per ingest commit")
     key_format: Literal["json", "text"] | None = Field(
         None,
         description="record keys: json (Debezium: a JSON object; anything else is a dead letter) or text "
         "(used as sent); default json, text for eventhubs (AMQP's partition key is text)",
     )
-    # file
+
+    @property
+    def keys(self) -> Literal["json", "text"]:
+        """The key format in force (`key_format`, or the source type's default)."""
+        return self.key_format or ("text" if self.type == "eventhubs" else "json")  # type: ignore[attr-defined]
+
+
+class FileSourceConfig(_SourceBase):
+    """A kcat -J dump (JSON lines), replayed."""
+
+    type: Literal["file"] = "file"
     path: str | None = None
     topic: str | None = Field(None, description="topic for file lines that carry none")
-    # kafka and eventhubs-kafka
-    bootstrap_servers: str | None = Field(
-        None, description="host:port list; for eventhubs-kafka derived from namespace"
-    )
-    topics: list[str] = Field(default_factory=list, description="topics (event hubs) to read")
+
+
+_STARTING = Field(
+    "earliest",
+    description="where a partition with no committed position starts: earliest, latest, a "
+    "sequence number / offset, or an enqueued time (ISO 8601)",
+)
+
+
+class _KafkaCommon(_SourceBase):
+    topics: list[str] = Field(min_length=1, description="topics (event hubs) to read")
     group_id: str = Field("cdclake", description="consumer group whose offsets mirror the committed positions")
     security_protocol: str | None = Field(None, description="default PLAINTEXT (kafka), SASL_SSL (eventhubs-kafka)")
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    namespace: str | None = Field(None, description="Event Hubs namespace (eventhubs-kafka)")
-    connection_string: SecretStr | None = Field(None, description="Event Hubs connection string (eventhubs-kafka)")
-    starting_position: Literal["earliest", "latest"] | int | datetime = Field(
-        "earliest",
-        description="where a partition with no committed position starts: earliest, latest, a "
-        "sequence number / offset, or an enqueued time (ISO 8601)",
-    )
+    starting_position: Literal["earliest", "latest"] | int | datetime = _STARTING
     fail_on_data_loss: bool = Field(
         True, description="stop when committed offsets no longer exist in the source (retention, compaction)"
     )
@@ -98,63 +104,6 @@ class SourceConfig(_Section):
     kafka_mode: Literal["spark", "driver"] = Field(
         "spark", description="spark: Spark Structured Streaming (executors read partitions); driver: one consumer"
     )
-    # eventhubs (AMQP)
-    event_hub: str | None = Field(None, description="event hub name (eventhubs); default the EntityPath")
-    consumer_group: str = "$Default"
-    eventhubs_mode: Literal["spark", "driver"] = Field(
-        "spark", description="spark: a PySpark streaming data source, executors read partitions in parallel"
-    )
-    reader: str = Field("connector.sources.eventhubs:sdk_reader", description="module:factory of the reader")
-    reader_options: dict[str, str] = Field(default_factory=dict)
-    checkpoint_connection_string: SecretStr | None = Field(
-        None, description="Azure Blob connection string: positions are mirrored to a BlobCheckpointStore"
-    )
-    checkpoint_container: str | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> SourceConfig:
-        if self.type == "kafka" and not (self.bootstrap_servers and self.topics):
-            raise ValueError("source.type = 'kafka' needs source.bootstrap_servers and source.topics")
-        if self.type == "eventhubs-kafka":
-            if not (self.namespace or self.bootstrap_servers) or not self.connection_string or not self.topics:
-                raise ValueError(
-                    "source.type = 'eventhubs-kafka' needs source.namespace, source.connection_string and source.topics"
-                )
-            cs = self.connection_string.get_secret_value()
-            if "Endpoint=sb://" not in cs or "SharedAccessKey" not in cs:
-                raise ValueError(
-                    "source.connection_string is not an Event Hubs connection string "
-                    "(expected Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...)"
-                )
-        if self.type == "eventhubs":
-            if not self.connection_string or not (
-                self.event_hub or "EntityPath=" in self.connection_string.get_secret_value()
-            ):
-                raise ValueError(
-                    "source.type = 'eventhubs' needs source.connection_string and source.event_hub "
-                    "(or an EntityPath in the connection string)"
-                )
-            if bool(self.checkpoint_connection_string) != bool(self.checkpoint_container):
-                raise ValueError("source.checkpoint_connection_string and source.checkpoint_container go together")
-        return self
-
-    @property
-    def keys(self) -> Literal["json", "text"]:
-        """The key format in force (`key_format`, or the source type's default)."""
-        return self.key_format or ("text" if self.type == "eventhubs" else "json")
-
-    def eventhubs_options(self) -> dict[str, str]:
-        """Options of the Event Hubs reader (hold the secret)."""
-        cs = self.connection_string.get_secret_value() if self.connection_string else ""
-        hub = self.event_hub or cs.split("EntityPath=", 1)[-1].split(";", 1)[0]
-        return {
-            "event_hub": hub,
-            "connection_string": cs,
-            "consumer_group": self.consumer_group,
-            "reader": self.reader,
-            "starting_position": starting_text(self.starting_position),
-            **self.reader_options,
-        }
 
     def kafka_stream_options(self) -> dict[str, str]:
         """Options of the Kafka streaming data source (hold the secret)."""
@@ -167,29 +116,116 @@ class SourceConfig(_Section):
         }
 
     def kafka_settings(self) -> dict[str, str]:
-        """librdkafka settings for the kafka and eventhubs-kafka sources (holds the secret)."""
-        conf: dict[str, str] = {}
-        if self.type == "eventhubs-kafka":
-            conf = {
-                "bootstrap.servers": self.bootstrap_servers
-                or f"{self.namespace}.servicebus.windows.net:{EVENTHUBS_KAFKA_PORT}",
-                "security.protocol": self.security_protocol or "SASL_SSL",
-                "sasl.mechanisms": "PLAIN",
-                "sasl.username": "$ConnectionString",
-                "sasl.password": self.connection_string.get_secret_value(),  # type: ignore[union-attr]
-            }
-        else:
-            conf = {
-                "bootstrap.servers": self.bootstrap_servers or "",
-                "security.protocol": self.security_protocol or "PLAINTEXT",
-            }
-            if self.sasl_mechanism:
-                conf["sasl.mechanisms"] = self.sasl_mechanism
-            if self.sasl_username:
-                conf["sasl.username"] = self.sasl_username
-            if self.sasl_password:
-                conf["sasl.password"] = self.sasl_password.get_secret_value()
+        """librdkafka settings (hold the secret)."""
+        raise NotImplementedError
+
+
+class KafkaSourceConfig(_KafkaCommon):
+    """A Kafka cluster."""
+
+    type: Literal["kafka"]
+    bootstrap_servers: str = Field(description="host:port list")
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+
+    def kafka_settings(self) -> dict[str, str]:
+        conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol or "PLAINTEXT"}
+        if self.sasl_mechanism:
+            conf["sasl.mechanisms"] = self.sasl_mechanism
+        if self.sasl_username:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
         return {**conf, **self.kafka}
+
+
+def _event_hubs_connection_string(cs: SecretStr) -> SecretStr:
+    text = cs.get_secret_value()
+    if "Endpoint=sb://" not in text or "SharedAccessKey" not in text:
+        raise ValueError(
+            "not an Event Hubs connection string (expected Endpoint=sb://...;SharedAccessKeyName=...;"
+            "SharedAccessKey=...)"
+        )
+    return cs
+
+
+class EventHubsKafkaSourceConfig(_KafkaCommon):
+    """Event Hubs through its Kafka endpoint."""
+
+    type: Literal["eventhubs-kafka"]
+    namespace: str | None = Field(None, description="Event Hubs namespace: <namespace>.servicebus.windows.net:9093")
+    bootstrap_servers: str | None = Field(None, description="host:port, instead of the namespace's")
+    connection_string: SecretStr = Field(description="Event Hubs connection string")
+
+    @field_validator("connection_string")
+    @classmethod
+    def _cs(cls, cs: SecretStr) -> SecretStr:
+        return _event_hubs_connection_string(cs)
+
+    @model_validator(mode="after")
+    def _where(self) -> EventHubsKafkaSourceConfig:
+        if not (self.namespace or self.bootstrap_servers):
+            raise ValueError("source.type = 'eventhubs-kafka' needs source.namespace (or source.bootstrap_servers)")
+        return self
+
+    def kafka_settings(self) -> dict[str, str]:
+        conf = {
+            "bootstrap.servers": self.bootstrap_servers
+            or f"{self.namespace}.servicebus.windows.net:{EVENTHUBS_KAFKA_PORT}",
+            "security.protocol": self.security_protocol or "SASL_SSL",
+            "sasl.mechanisms": "PLAIN",
+            "sasl.username": "$ConnectionString",
+            "sasl.password": self.connection_string.get_secret_value(),
+        }
+        return {**conf, **self.kafka}
+
+
+class EventHubsSourceConfig(_SourceBase):
+    """Event Hubs over AMQP (azure-eventhub)."""
+
+    type: Literal["eventhubs"]
+    connection_string: SecretStr = Field(description="Event Hubs connection string")
+    event_hub: str | None = Field(None, description="event hub name; default the EntityPath")
+    consumer_group: str = "$Default"
+    starting_position: Literal["earliest", "latest"] | int | datetime = _STARTING
+    eventhubs_mode: Literal["spark", "driver"] = Field(
+        "spark", description="spark: a PySpark streaming data source, executors read partitions in parallel"
+    )
+    reader: str = Field("connector.sources.eventhubs:sdk_reader", description="module:factory of the reader")
+    reader_options: dict[str, str] = Field(default_factory=dict)
+    checkpoint_connection_string: SecretStr | None = Field(
+        None, description="Azure Blob connection string: positions are mirrored to a BlobCheckpointStore"
+    )
+    checkpoint_container: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> EventHubsSourceConfig:
+        if not (self.event_hub or "EntityPath=" in self.connection_string.get_secret_value()):
+            raise ValueError("source.type = 'eventhubs' needs source.event_hub (or an EntityPath in the connection string)")
+        if bool(self.checkpoint_connection_string) != bool(self.checkpoint_container):
+            raise ValueError("source.checkpoint_connection_string and source.checkpoint_container go together")
+        return self
+
+    def eventhubs_options(self) -> dict[str, str]:
+        """Options of the Event Hubs reader (hold the secret)."""
+        cs = self.connection_string.get_secret_value()
+        hub = self.event_hub or cs.split("EntityPath=", 1)[-1].split(";", 1)[0]
+        return {
+            "event_hub": hub,
+            "connection_string": cs,
+            "consumer_group": self.consumer_group,
+            "reader": self.reader,
+            "starting_position": starting_text(self.starting_position),
+            **self.reader_options,
+        }
+
+
+# One of the four, by `type`: a key that does not apply to the chosen source is an error naming it.
+SourceConfig = Annotated[
+    FileSourceConfig | KafkaSourceConfig | EventHubsKafkaSourceConfig | EventHubsSourceConfig,
+    Field(discriminator="type"),
+]
 
 
 class CompactionConfig(_Section):
@@ -294,7 +330,7 @@ class Settings(BaseSettings):
 
     work_dir: Path = Path(".cdclake")
     catalog: CatalogConfig = CatalogConfig()
-    source: SourceConfig = SourceConfig()
+    source: SourceConfig = FileSourceConfig()
     compaction: CompactionConfig = CompactionConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()
     spark: SparkConfig = SparkConfig()

@@ -160,7 +160,7 @@ def test_initial_position_of_a_partition_without_a_committed_position(starting, 
     [
         ("a = [\n", {}, "is not valid TOML"),
         (b"\xff\xfe = 1\n", {}, "is not valid TOML in UTF-8"),
-        ("", {"CDCLAKE_SOURCE": "{bad"}, "invalid CDCLAKE_* environment variable"),
+        ("", {"CDCLAKE_SOURCE": "{bad"}, "CDCLAKE_* environment"),
         ("", {"CDCLAKE_SOURCES__PATH": "x"}, "unknown environment variable CDCLAKE_SOURCES__PATH"),
         ('[catalog]\nuri = "foo://x"\n', {}, "catalog.uri"),
         ('[spark]\nmaster = "bogus"\n', {}, "spark.master"),
@@ -193,3 +193,29 @@ def test_a_line_over_the_sources_limit_is_not_parsed(tmp_path):
     f.write_text('{"topic": "t", "partition": 0, "offset": 0, "payload": "' + "x" * 500 + '"}\n')
     (r,) = FileSource(f, max_line_bytes=100).poll(10)
     assert r.topic == "cdclake.file.dump" and r.offset == "1" and b"over the file source's limit" in r.headers[0][1]
+
+
+@pytest.mark.parametrize(
+    "source,says",
+    [
+        (
+            {"type": "file", "bootstrap_servers": "b:9092"},
+            "source.file.bootstrap_servers: Extra inputs are not permitted",
+        ),
+        ({"type": "kafka", "topics": ["t"]}, "source.kafka.bootstrap_servers: Field required"),
+        ({"type": "kafka", "bootstrap_servers": "b:9092", "topics": ["t"], "event_hub": "h"}, "source.kafka.event_hub"),
+        (
+            {"type": "eventhubs-kafka", "namespace": "n", "topics": ["t"], "connection_string": "x"},
+            "not an Event Hubs connection string",
+        ),
+        (
+            {"type": "eventhubs", "connection_string": "Endpoint=sb://n/;SharedAccessKey=k", "topics": ["t"]},
+            "source.eventhubs.topics: Extra inputs",
+        ),
+        ({"type": "bogus"}, "does not match any of the expected tags"),
+    ],
+)
+def test_source_keys_must_apply_to_the_chosen_source(source, says):
+    with pytest.raises(ConfigError) as e:
+        load_settings(source=source)
+    assert says in str(e.value)

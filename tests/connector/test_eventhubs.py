@@ -8,14 +8,17 @@ import json
 from datetime import UTC
 
 import pytest
+from pydantic import TypeAdapter
 
 from connector.app import run_compaction, run_ingest, status
-from connector.config import load_settings
+from connector.config import SourceConfig, load_settings
 from connector.errors import ConfigError
 from connector.sources.eventhubs import record_from_event
 from iceberg.catalog import load_catalog
 from tests.connector.eventhubs_fake import amqp_event
 from tests.iceberg.helpers import names, offsets_by_key
+
+SOURCE = TypeAdapter(SourceConfig)
 
 HUB_CS = (
     "Endpoint=sb://cdclake-test.servicebus.windows.net/;SharedAccessKeyName=listen;"
@@ -68,7 +71,7 @@ def eh_settings(settings, tmp_path, events=EVENTS, **source):
         "reader_options": {"fake_events": hub_file(tmp_path, events)},
         "batch_size": 2,
     } | source
-    return settings.model_copy(update={"source": settings.source.model_validate(conf)})
+    return settings.model_copy(update={"source": SOURCE.validate_python(conf)})
 
 
 def log_rows(s):

@@ -8,12 +8,16 @@ import uuid
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from pydantic import TypeAdapter
 
 from connector.app import run_ingest
+from connector.config import SourceConfig
 from connector.errors import SourceError
 from iceberg.catalog import load_catalog
 from tests.conftest import SASL_PASSWORD
 from tests.iceberg.helpers import names
+
+SOURCE = TypeAdapter(SourceConfig)
 
 pytestmark = pytest.mark.kafka
 
@@ -55,7 +59,7 @@ def kafka_settings(settings, kafka, topic: str, **source):
         "group_id": f"g-{topic}",
         "kafka_mode": "driver",
     } | source
-    return settings.model_copy(update={"source": settings.source.model_validate(conf)})
+    return settings.model_copy(update={"source": SOURCE.validate_python(conf)})
 
 
 def log_positions(s, table: str) -> list[tuple[int, int]]:
