@@ -202,7 +202,9 @@ class EventHubsSourceConfig(_SourceBase):
     @model_validator(mode="after")
     def _check(self) -> EventHubsSourceConfig:
         if not (self.event_hub or "EntityPath=" in self.connection_string.get_secret_value()):
-            raise ValueError("source.type = 'eventhubs' needs source.event_hub (or an EntityPath in the connection string)")
+            raise ValueError(
+                "source.type = 'eventhubs' needs source.event_hub (or an EntityPath in the connection string)"
+            )
         if bool(self.checkpoint_connection_string) != bool(self.checkpoint_container):
             raise ValueError("source.checkpoint_connection_string and source.checkpoint_container go together")
         return self
