@@ -24,28 +24,13 @@ import orjson
 from connector.errors import DecodeError
 from connector.ordering import INT64_MAX, INT64_MIN, is_snapshot, source_position
 from connector.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
+from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA
 
 OPS = frozenset("cudrt")
 MAX_TOPICS = 10_000  # bound of the learned topic -> table map
 MAX_DECIMAL_PRECISION = 38  # Spark's and Iceberg's
-# names the state table gives its metadata columns (`iceberg.layouts.META_COLUMNS`)
-RESERVED_COLUMNS = frozenset(
-    {
-        "_key",
-        "_topic",
-        "_partition_id",
-        "_offset",
-        "_sequence_number",
-        "_enqueued_time",
-        "_op",
-        "_snapshot",
-        "_source_ts",
-        "_source_position",
-        "_payload_bytes",
-        "deleted_at",
-        "expires_at",
-    }
-)
+# names the state and tombstone tables give their own columns: an after-image cannot use them
+RESERVED_COLUMNS = frozenset(name for name, _ in META_COLUMNS + TOMBSTONE_EXTRA)
 UNROUTABLE = "unroutable"  # the dead letters of records whose topic names no usable table
 
 

@@ -1,8 +1,9 @@
 """Event Hubs over AMQP (azure-eventhub), behind a small partition-reader interface.
 
-No Event Hubs emulator runs in this workplace, so everything past `PartitionReader` is
+No Event Hubs emulator exists to test against, so everything past `PartitionReader` is
 tested with the SDK's own `EventData` built from AMQP message bytes; `SdkPartitionReader`
-is the thin adapter to `EventHubConsumerClient` and the only part not exercised here.
+is the thin adapter to `EventHubConsumerClient`, whose connection errors are tested against
+a closed loopback port and whose receive path is the only part the tests do not run.
 
 Two ways to run it:
 - `EventHubsSource`, a driver-side `Source` like the others;
