@@ -16,7 +16,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
@@ -223,10 +233,18 @@ class EventHubsSourceConfig(_SourceBase):
         }
 
 
+def _source_type(value: Any) -> str:
+    """The source's `type`; `file` when not given (`CDCLAKE_SOURCE__PATH=dump.jsonl` alone)."""
+    return value.get("type", "file") if isinstance(value, dict) else getattr(value, "type", "file")
+
+
 # One of the four, by `type`: a key that does not apply to the chosen source is an error naming it.
 SourceConfig = Annotated[
-    FileSourceConfig | KafkaSourceConfig | EventHubsKafkaSourceConfig | EventHubsSourceConfig,
-    Field(discriminator="type"),
+    Annotated[FileSourceConfig, Tag("file")]
+    | Annotated[KafkaSourceConfig, Tag("kafka")]
+    | Annotated[EventHubsKafkaSourceConfig, Tag("eventhubs-kafka")]
+    | Annotated[EventHubsSourceConfig, Tag("eventhubs")],
+    Discriminator(_source_type),
 ]
 
 

@@ -1,14 +1,18 @@
-"""The compaction job (the cleaner), written as a short driver over named steps:
+"""The compaction job (the cleaner): a `Round` whose steps run in this order.
 
-1. plan: per stream, the cleanable dirty range, whether it is due (pure planner), and the
-   range's packing bounds and truncates (from the planner's one pyiceberg scan of the log);
-2. read the dirty events and the rows already held for their keys;
-3. pick the newest change per key (the dedupe transform: a hash aggregation of packed order
-   keys where the round fits 63 bits, else the window) and resolve truncates;
-4. evolve the state schema; 5. MERGE the tombstones; 6. MERGE the state with the new
-   cleaner points in the same snapshot (into a table without rows, 5 and 6 INSERT);
-7. purge expired tombstones; 8. rewrite small files (the log's manifests) and expire old
-   snapshots when due (`iceberg.maintenance`).
+1. `plan`: per stream, the cleanable dirty range, whether it is due (pure planner), and the
+   range's packing bounds, truncates and order (the planner's one pyiceberg scan of the log);
+2. `read_dirty`, `read_held`: the dirty events (those older than the table's truncate marker
+   are stale), the round's newest truncate, and the rows already held for the round's keys;
+3. `newest_per_key`: the newest change per key (the dedupe transform: a hash aggregation of
+   packed order keys where the round fits 63 bits and its streams are in order, else the
+   window) and what it does (upsert, delete, truncate); `record_stale`: the stale events;
+4. `evolve_schema`: the columns the state can hold (the rest of the events: dead letters);
+5. `write_tombstones` (MERGE), `write_stale`; 6. `write_state`: MERGE the state with the new
+   cleaner points and truncate marker in the same snapshot (into a table without rows, 5
+   and 6 INSERT);
+7. `purge` expired tombstones; 8. `maintain`: rewrite small files (the log's manifests)
+   and expire old snapshots when due (`iceberg.maintenance`).
 
 Atomicity: the cleaner points live in the state table's snapshot. A crash after step 5
 replays the same dirty range on the next run; replaying it over the already-written
@@ -32,7 +36,7 @@ from pyspark.sql import functions as F
 from connector.faults import crash_point
 from connector.ordering import Truncate, newest_truncate
 from iceberg.compaction import dedupe, schema
-from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
+from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
 from iceberg.compaction.retain import purge_predicate
 from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, cleaner_points, load_optional, stream_stats
 from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
@@ -314,223 +318,290 @@ def compact(
     force: bool = False,
 ) -> CompactionReport:
     """Compacts what is due in one source table; returns what it did."""
-    started = time.monotonic()
     now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)  # naive: UTC
-    step = _Steps(names.state)
-    report = CompactionReport(names.table)
-    # 1. plan
-    stats = {s.stream: s for s in stream_stats(catalog, names, policy, now, bounds=True)}
-    report.ranges = plan(list(stats.values()), policy, now, force)
-    report.events = sum(stats[r.stream].cleanable_events for r in report.ranges)
-    step("plan")
-    schema.ensure_tables(spark, names)
-    tomb_t = names.spark(names.tombstones)
-    if report.ranges:
-        _clean(spark, catalog, names, policy, now, report, [stats[r.stream] for r in report.ranges], step)
-    # 7. purge expired tombstones (idempotent, its own commit)
-    purge = purge_predicate(now)
-    report.purged = spark.table(tomb_t).where(purge).count() if _may_expire(catalog, names.tombstones, now) else 0
-    if report.purged:
-        spark.sql(f"DELETE FROM {tomb_t} WHERE {purge}")
-    step("purge")
-    # 8. maintenance: small files, deleted rows and the log's manifests rewritten, old snapshots expired
-    upkeep = [
-        Upkeep(names.state, CLEANER_POINTS_PROPERTY),
-        Upkeep(names.tombstones),
-        *[
-            Upkeep(n, POSITIONS_PROPERTY, append_only=True)
-            for n in (names.log, names.dead_letters)
-            if catalog.table_exists(n)
-        ],
-    ]
-    report.maintenance = maintain(spark, catalog, names.catalog, upkeep, policy.maintenance)
-    step("maintenance")
-    report.seconds = round(time.monotonic() - started, 3)
-    log.info("compaction %s: %s", names.state, report.summary())
-    return report
+    return Round(spark, catalog, names, policy, now).run(force)
 
 
-def _clean(
-    spark: SparkSession,
-    catalog: Catalog,
-    names: TableNames,
-    policy: CompactionPolicy,
-    now: datetime,
-    report: CompactionReport,
-    ranges: list[StreamStats],
-    step: _Steps,
-) -> None:
-    state_t, tomb_t = names.spark(names.state), names.spark(names.tombstones)
-    # 2. dirty events and held rows
-    dirty = spark.table(names.spark(names.log)).where(range_filter(report.ranges))
-    events = _log_candidates(dirty)
-    # changes older than the table's truncate arrive too late: stale, never candidates
-    marker = truncate_marker(catalog, names)
-    late = None
-    if marker is not None:
-        ordered_events = events.withColumn(
-            "_o",
-            dedupe.order_struct(
-                F.col("_source_position"),
-                F.col("_snapshot"),
-                F.col("_partition_id"),
-                F.col("_sequence_number"),
-                policy.ordering,
-            ),
+class Round:
+    """One compaction round of one source table. `run` is the module docstring's steps in
+    order; each step is a method, and what a step finds is kept on the round for the next."""
+
+    def __init__(
+        self, spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime
+    ):
+        self.spark, self.catalog, self.names, self.policy, self.now = spark, catalog, names, policy, now
+        self.report = CompactionReport(names.table)
+        self.step = _Steps(names.state)
+        self.truncate: Truncate | None = None  # the round's own truncate, when newer than the marker
+        self.table_truncate: Truncate | None = None  # the marker after the round
+        self.late: DataFrame | None = None  # changes older than the marker: stale
+        self.held_rows: DataFrame | None = None
+        self.held_tables: set[str] = set()
+        self.ranked: DataFrame | None = None
+        self.stale_rows: DataFrame | None = None
+        self.columns: dict[str, str] = {}
+
+    def run(self, force: bool) -> CompactionReport:
+        started = time.monotonic()
+        self.plan(force)
+        schema.ensure_tables(self.spark, self.names)
+        if self.report.ranges:
+            self.read_dirty()
+            self.read_held()
+            self.newest_per_key()
+            self.record_stale()
+            self.evolve_schema()
+            self.write_tombstones()
+            self.write_stale()
+            self.write_state()
+        self.purge()
+        self.maintain()
+        self.report.seconds = round(time.monotonic() - started, 3)
+        log.info("compaction %s: %s", self.names.state, self.report.summary())
+        return self.report
+
+    def plan(self, force: bool) -> None:
+        """1. Per stream, the cleanable range and whether it is due, with its packing bounds,
+        truncates and order (the planner's one pyiceberg scan of the log)."""
+        stats = {s.stream: s for s in stream_stats(self.catalog, self.names, self.policy, self.now, bounds=True)}
+        self.report.ranges = plan(list(stats.values()), self.policy, self.now, force)
+        self.report.events = sum(stats[r.stream].cleanable_events for r in self.report.ranges)
+        self.ranges = [stats[r.stream] for r in self.report.ranges]
+        self.step("plan")
+
+    def read_dirty(self) -> None:
+        """2a. The dirty events; those older than the table's truncate marker arrive too late
+        (stale, never candidates); the round's own newest truncate."""
+        ordering = self.policy.ordering
+        self.dirty = self.spark.table(self.names.spark(self.names.log)).where(range_filter(self.report.ranges))
+        self.events = _log_candidates(self.dirty)
+        marker = truncate_marker(self.catalog, self.names)
+        if marker is not None:
+            ordered = self.events.withColumn(
+                "_o",
+                dedupe.order_struct(
+                    F.col("_source_position"),
+                    F.col("_snapshot"),
+                    F.col("_partition_id"),
+                    F.col("_sequence_number"),
+                    ordering,
+                ),
+            )
+            older = dedupe.older_than_truncate(marker, ordering)
+            if ordering == "source":  # a position-less change is judged by the position it carries
+                older = F.col("_source_position").isNotNull() & older
+            self.late = ordered.where(older).withColumn("_stale", F.lit("older_than_truncate"))
+            self.events = ordered.where(~older).drop("_o")
+        if any(r.truncates for r in self.ranges):
+            found, self.report.truncates = _round_truncates(self.dirty, ordering)
+            if newest_truncate([marker, found], ordering) is found:
+                self.truncate = found  # newer than the marker: the held rows older than it go
+            self.step(f"truncates of {self.report.events:,} dirty events")
+        self.table_truncate = newest_truncate([marker, self.truncate], ordering)
+
+    def read_held(self) -> None:
+        """2b. The rows already held for the round's keys (every state row when a truncate
+        may remove some; a first round has none: no joins at all)."""
+        # Each pass reads the log files again (column pruned): materialising the order columns
+        # measured slower (10M events over 10k keys: 27.7 s a round with it, 18.9 s without).
+        self.narrow = self.events.select(*_ORDER_COLUMNS)
+        held = [
+            (t, op) for t, op in ((self.names.state, None), (self.names.tombstones, "d")) if _has_rows(self.catalog, t)
+        ]
+        self.held_tables = {name for name, _ in held}
+        if held:
+            keys = self.narrow.select("_key").distinct()
+            frames = []
+            for name, op in held:
+                rows = self.spark.table(self.names.spark(name))
+                if not (self.truncate is not None and op is None):
+                    rows = rows.join(keys, "_key", "left_semi")
+                frames.append(_held(rows, op))
+            self.held_rows = reduce(DataFrame.unionByName, frames).localCheckpoint(eager=True)
+        self.step("held rows")
+
+    def newest_per_key(self) -> None:
+        """3. The newest change per key (packed where the round fits 63 bits and its streams
+        are in order, else the window) and what it does: upsert, delete or truncate."""
+        ordering, held_rows = self.policy.ordering, self.held_rows
+        candidates = self.events if held_rows is None else self.events.unionByName(held_rows)
+        ordered = self.narrow if held_rows is None else self.narrow.unionByName(held_rows.select(*_ORDER_COLUMNS))
+        bounds = reduce(dedupe.merge_bounds, [r.bounds for r in self.ranges])
+        if held_rows is not None:
+            bounds = dedupe.merge_bounds(
+                bounds,
+                _bounds(
+                    held_rows, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"), ordering
+                ),
+            )
+        # the packed route cannot tell which changes arrived after a newer one (stale)
+        packed = self.policy.packed and all(r.monotone for r in self.ranges)
+        packing = dedupe.Packing.of(bounds) if packed else None
+        multi_topic = len({r.topic for r in self.report.ranges}) > 1
+        winners, self.ranked, self.report.keys, self.report.stale = _winners(
+            candidates, ordered, held_rows, self.dirty, packing, ordering, multi_topic, self.step
         )
-        older = dedupe.older_than_truncate(marker, policy.ordering)
-        if policy.ordering == "source":  # a position-less change is judged by the position it carries
-            older = F.col("_source_position").isNotNull() & older
-        late = ordered_events.where(older).withColumn("_stale", F.lit("older_than_truncate"))
-        events = ordered_events.where(~older).drop("_o")
-    # Each pass reads the log files again (column pruned): materialising the order columns
-    # measured slower (10M events over 10k keys: 27.7 s a round with it, 18.9 s without).
-    narrow = events.select(*_ORDER_COLUMNS)
-    # The events' packing bounds and truncate counts came with the plan (one pyiceberg scan).
-    bounds = reduce(dedupe.merge_bounds, [r.bounds for r in ranges])
-    truncate, report.truncates = None, 0
-    if any(r.truncates for r in ranges):
-        found, report.truncates = _round_truncates(dirty, policy.ordering)
-        if newest_truncate([marker, found], policy.ordering) is found:
-            truncate = found  # newer than the marker: the held rows older than it go
-        step(f"truncates of {report.events:,} dirty events")
-    table_truncate = newest_truncate([marker, truncate], policy.ordering)
-    held = [(t, op) for t, op in ((names.state, None), (names.tombstones, "d")) if _has_rows(catalog, t)]
-    held_rows = None
-    if held:  # rows already held for the round's keys (a first round has none: no joins at all)
-        keys = narrow.select("_key").distinct()
-        frames = []
-        for name, op in held:
-            rows = spark.table(names.spark(name))
-            if not (truncate is not None and op is None):  # a truncate looks at every held state row
-                rows = rows.join(keys, "_key", "left_semi")
-            frames.append(_held(rows, op))
-        held_rows = reduce(DataFrame.unionByName, frames).localCheckpoint(eager=True)
-    candidates = events if held_rows is None else events.unionByName(held_rows)
-    ordered = narrow if held_rows is None else narrow.unionByName(held_rows.select(*_ORDER_COLUMNS))
-    if held_rows is not None:
-        bounds = dedupe.merge_bounds(
-            bounds,
-            _bounds(
-                held_rows, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"), policy.ordering
-            ),
+        # the counts and the after-image signatures come with the checkpoint's own job
+        upsert, observed = F.col("_action") == "upsert", Observation("cdclake_changes")
+        self.changes = (
+            dedupe.resolve(winners, self.truncate, ordering)
+            .observe(
+                observed,
+                F.count(F.lit(1)).alias("n"),
+                F.sum(upsert.cast("int")).alias("up"),
+                F.sum((F.col("_action") == "truncate").cast("int")).alias("cut"),
+                F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),  # nulls are left out
+            )
+            .localCheckpoint(eager=True)
         )
-    step("held rows")
-    # 3. newest per key, truncates
-    # the packed route cannot tell which changes arrived after a newer one (stale)
-    packing = dedupe.Packing.of(bounds) if policy.packed and all(r.monotone for r in ranges) else None
-    multi_topic = len({r.topic for r in report.ranges}) > 1
-    winners, ranked, report.keys, report.stale = _winners(
-        candidates, ordered, held_rows, dirty, packing, policy.ordering, multi_topic, step
-    )
-    # the counts and the after-image signatures come with the checkpoint's own job
-    upsert, observed = F.col("_action") == "upsert", Observation("cdclake_changes")
-    changes = (
-        dedupe.resolve(winners, truncate, policy.ordering)
-        .observe(
-            observed,
-            F.count(F.lit(1)).alias("n"),
-            F.sum(upsert.cast("int")).alias("up"),
-            F.sum((F.col("_action") == "truncate").cast("int")).alias("cut"),
-            F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),  # nulls are left out
-        )
-        .localCheckpoint(eager=True)
-    )
-    counts = observed.get
-    step("payload of the winners")
-    report.upserts, report.truncated = counts["up"] or 0, counts["cut"] or 0
-    report.deletes = (counts["n"] or 0) - report.upserts - report.truncated
-    # only the general route finds stale events among the candidates, so `ranked` is set then
-    stale = [f for f in ((ranked if report.stale else None), late) if f is not None]
-    stale_rows = None
-    if stale:
-        stale_rows = reduce(
+        counts = observed.get
+        self.signatures = counts["signatures"]
+        self.report.upserts, self.report.truncated = counts["up"] or 0, counts["cut"] or 0
+        self.report.deletes = (counts["n"] or 0) - self.report.upserts - self.report.truncated
+        self.step("payload of the winners")
+
+    def record_stale(self) -> None:
+        """The stale events (only the window finds them among the candidates, so `ranked` is
+        set then; and those older than the truncate marker), counted by reason."""
+        found = [f for f in ((self.ranked if self.report.stale else None), self.late) if f is not None]
+        if not found:
+            return
+        rows = reduce(
             DataFrame.unionByName,
             [
                 f.where(F.col("_stale").isNotNull()).select(
                     *[c for c, _ in STALE_COLUMNS if c not in ("reason", "compacted_at")],
                     F.col("_stale").alias("reason"),
-                    F.lit(now).alias("compacted_at"),
+                    F.lit(self.now).alias("compacted_at"),
                 )
-                for f in stale
+                for f in found
             ],
         ).localCheckpoint(eager=True)
-        report.stale_reasons = {
-            r["reason"]: r["n"] for r in stale_rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()
-        }
-        report.stale = sum(report.stale_reasons.values())
-        stale_rows = stale_rows if report.stale else None
-        for reason, n in report.stale_reasons.items():
-            STALE.labels(names.table, reason).inc(n)
+        reasons = {r["reason"]: r["n"] for r in rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+        self.report.stale_reasons, self.report.stale = reasons, sum(reasons.values())
+        if not self.report.stale:
+            return
+        self.stale_rows = rows
+        for reason, n in reasons.items():
+            STALE.labels(self.names.table, reason).inc(n)
         log.warning(
             "%s: %s stale events ignored (%s), recorded in %s",
-            names.state,
-            report.stale,
-            report.stale_reasons,
-            names.stale,
+            self.names.state,
+            self.report.stale,
+            reasons,
+            self.names.stale,
         )
-    # 4. schema: the table takes every column it can; an event it cannot hold is a dead letter
-    plan = schema.plan_columns(schema.data_columns(spark, names), counts["signatures"], policy.max_new_columns)
-    if plan.refused:
-        changes, report.refused = _refuse(spark, catalog, names, changes, dirty, plan.refused, now)
-        report.upserts -= report.refused
-    schema.evolve(spark, names, plan)
-    columns = plan.columns
-    step("schema")
-    source = _state_source(changes, columns)
-    source.createOrReplaceTempView("cdclake_changes")
-    meta = [n for n, _ in META_COLUMNS]
-    # 5. tombstones
-    ts = F.lit(now)
-    tomb_source = changes.where("_action = 'delete'").select(
-        *meta,
-        ts.alias("deleted_at"),
-        (ts + F.expr(f"INTERVAL {int(policy.tombstone_retention.total_seconds())} SECONDS")).alias("expires_at"),
-        "_action",
-    )
-    tomb_source.unionByName(
-        changes.where("_action <> 'delete'").select(
+
+    def evolve_schema(self) -> None:
+        """4. The state takes every column it can; an event it cannot hold is a dead letter."""
+        names = self.names
+        plan = schema.plan_columns(schema.data_columns(self.spark, names), self.signatures, self.policy.max_new_columns)
+        if plan.refused:
+            self.changes, self.report.refused = _refuse(
+                self.spark, self.catalog, names, self.changes, self.dirty, plan.refused, self.now
+            )
+            self.report.upserts -= self.report.refused
+        schema.evolve(self.spark, names, plan)
+        self.columns = plan.columns
+        self.step("schema")
+
+    def write_tombstones(self) -> None:
+        """5. MERGE the tombstones: a delete's own, removed for a key written or truncated."""
+        meta = [n for n, _ in META_COLUMNS]
+        ts = F.lit(self.now)
+        retention = F.expr(f"INTERVAL {int(self.policy.tombstone_retention.total_seconds())} SECONDS")
+        deletes = self.changes.where("_action = 'delete'").select(
+            *meta, ts.alias("deleted_at"), (ts + retention).alias("expires_at"), "_action"
+        )
+        others = self.changes.where("_action <> 'delete'").select(
             *meta,
             F.lit(None).cast("timestamp").alias("deleted_at"),
             F.lit(None).cast("timestamp").alias("expires_at"),
             "_action",
         )
-    ).createOrReplaceTempView("cdclake_tomb_changes")
-    tomb_cols = meta + [n for n, _ in TOMBSTONE_EXTRA]
-    points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
-    props = {
-        CLEANER_POINTS_PROPERTY: json.dumps(dict(sorted(points.items())), separators=(",", ":")),
-        STATS_PROPERTY: json.dumps(report.summary()["ranges"], separators=(",", ":")),
-        STALE_PROPERTY: json.dumps(dict(sorted(report.stale_reasons.items())), separators=(",", ":")),
-        **({TRUNCATE_PROPERTY: table_truncate.to_json()} if table_truncate else {}),
-    }
-    held_tables = {name for name, _ in held}
-    _merge(spark, _write_sql(tomb_t, "cdclake_tomb_changes", tomb_cols, "delete", names.tombstones in held_tables), {})
-    step("merge tombstones")
-    crash_point("compact.after-tombstones")
-    if stale_rows is not None:  # idempotent: a replayed round finds its stale events there already
-        stale_rows.createOrReplaceTempView("cdclake_stale")
+        deletes.unionByName(others).createOrReplaceTempView("cdclake_tomb_changes")
+        tombstones = self.names.tombstones
+        sql = _write_sql(
+            self.names.spark(tombstones),
+            "cdclake_tomb_changes",
+            meta + [n for n, _ in TOMBSTONE_EXTRA],
+            "delete",
+            tombstones in self.held_tables,
+        )
+        _merge(self.spark, sql, {})
+        self.step("merge tombstones")
+        crash_point("compact.after-tombstones")
+
+    def write_stale(self) -> None:
+        """The stale events into `<t>__stale` (idempotent: a replayed round finds them there)."""
+        if self.stale_rows is None:
+            return
+        self.stale_rows.createOrReplaceTempView("cdclake_stale")
         cols = ", ".join(schema.quote(c) for c, _ in STALE_COLUMNS)
         values = ", ".join("s." + schema.quote(c) for c, _ in STALE_COLUMNS)
-        spark.sql(
-            f"MERGE INTO {names.spark(names.stale)} t USING cdclake_stale s ON t._topic = s._topic AND "
+        self.spark.sql(
+            f"MERGE INTO {self.names.spark(self.names.stale)} t USING cdclake_stale s ON t._topic = s._topic AND "
             f"t._partition_id = s._partition_id AND t._sequence_number = s._sequence_number "
             f"WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({values})"
         )
-        step("stale events")
-    # 6. state + cleaner points, one snapshot
-    before = catalog.load_table(names.state).current_snapshot()
-    _merge(
-        spark, _write_sql(state_t, "cdclake_changes", meta + list(columns), "upsert", names.state in held_tables), props
-    )
-    after = catalog.load_table(names.state).current_snapshot()
-    if after is None or (before is not None and after.snapshot_id == before.snapshot_id):
-        # Nothing changed (every event was stale): record the cleaner points alone.
-        state = catalog.load_table(names.state)
-        with state.transaction() as tx:
-            tx.append(state.schema().as_arrow().empty_table(), snapshot_properties=props)
-    step("merge state")
-    crash_point("compact.after-commit")
+        self.step("stale events")
+
+    def write_state(self) -> None:
+        """6. MERGE the state with the cleaner points, the truncate marker and the round's
+        figures in the same snapshot."""
+        catalog, names, report = self.catalog, self.names, self.report
+        _state_source(self.changes, self.columns).createOrReplaceTempView("cdclake_changes")
+        points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
+        compact_json = {"separators": (",", ":")}
+        props = {
+            CLEANER_POINTS_PROPERTY: json.dumps(dict(sorted(points.items())), **compact_json),
+            STATS_PROPERTY: json.dumps(report.summary()["ranges"], **compact_json),
+            STALE_PROPERTY: json.dumps(dict(sorted(report.stale_reasons.items())), **compact_json),
+            **({TRUNCATE_PROPERTY: self.table_truncate.to_json()} if self.table_truncate else {}),
+        }
+        meta = [n for n, _ in META_COLUMNS]
+        before = catalog.load_table(names.state).current_snapshot()
+        sql = _write_sql(
+            names.spark(names.state),
+            "cdclake_changes",
+            meta + list(self.columns),
+            "upsert",
+            names.state in self.held_tables,
+        )
+        _merge(self.spark, sql, props)
+        after = catalog.load_table(names.state).current_snapshot()
+        if after is None or (before is not None and after.snapshot_id == before.snapshot_id):
+            # Nothing changed (every event was stale): record the cleaner points alone.
+            state = catalog.load_table(names.state)
+            with state.transaction() as tx:
+                tx.append(state.schema().as_arrow().empty_table(), snapshot_properties=props)
+        self.step("merge state")
+        crash_point("compact.after-commit")
+
+    def purge(self) -> None:
+        """7. Purge expired tombstones (idempotent, its own commit)."""
+        tombstones = self.names.spark(self.names.tombstones)
+        purge = purge_predicate(self.now)
+        may = _may_expire(self.catalog, self.names.tombstones, self.now)
+        self.report.purged = self.spark.table(tombstones).where(purge).count() if may else 0
+        if self.report.purged:
+            self.spark.sql(f"DELETE FROM {tombstones} WHERE {purge}")
+        self.step("purge")
+
+    def maintain(self) -> None:
+        """8. Small files, deleted rows and the log's manifests rewritten, old snapshots expired."""
+        names = self.names
+        upkeep = [
+            Upkeep(names.state, CLEANER_POINTS_PROPERTY),
+            Upkeep(names.tombstones),
+            *[
+                Upkeep(n, POSITIONS_PROPERTY, append_only=True)
+                for n in (names.log, names.dead_letters)
+                if self.catalog.table_exists(n)
+            ],
+        ]
+        self.report.maintenance = maintain(self.spark, self.catalog, names.catalog, upkeep, self.policy.maintenance)
+        self.step("maintenance")
 
 
 def _refuse(

@@ -212,10 +212,16 @@ def test_a_line_over_the_sources_limit_is_not_parsed(tmp_path):
             {"type": "eventhubs", "connection_string": "Endpoint=sb://n/;SharedAccessKey=k", "topics": ["t"]},
             "source.eventhubs.topics: Extra inputs",
         ),
-        ({"type": "bogus"}, "does not match any of the expected tags"),
+        ({"type": "bogus"}, "'bogus'"),
     ],
 )
 def test_source_keys_must_apply_to_the_chosen_source(source, says):
     with pytest.raises(ConfigError) as e:
         load_settings(source=source)
     assert says in str(e.value)
+
+
+def test_a_source_without_a_type_is_the_file_source(monkeypatch):
+    monkeypatch.setenv("CDCLAKE_SOURCE__PATH", "dump.jsonl")
+    s = load_settings()
+    assert (s.source.type, s.source.path) == ("file", "dump.jsonl")
