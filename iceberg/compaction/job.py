@@ -30,26 +30,24 @@ from functools import reduce
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import LessThanOrEqual
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from connector.faults import crash_point
 from connector.ordering import Truncate, newest_truncate
-from iceberg.compaction import dedupe, schema
+from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
 from iceberg.compaction.retain import purge_predicate
 from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, cleaner_points, load_optional, stream_stats
-from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
+from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
 from iceberg.log_writer import POSITIONS_PROPERTY, summary_value
 from iceberg.maintenance import Upkeep, maintain, sql_literal
-from quotas.metrics import DEAD_LETTERS, STALE
+from quotas.metrics import STALE
 
 log = logging.getLogger(__name__)
-SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
 STATS_PROPERTY = "cdclake.compaction"
 TRUNCATE_PROPERTY = "cdclake.truncate"  # the table's truncate marker, carried by every round's commit
 STALE_PROPERTY = "cdclake.stale"  # the round's stale events by reason
-BROADCAST_WINNERS = 2_000_000  # winner ids (~50 bytes each) sent to every task to fetch their payload
 
 
 @dataclass
@@ -83,147 +81,6 @@ def range_filter(ranges: list[CleanRange]) -> str:
         )
 
     return " OR ".join(one(r) for r in ranges)
-
-
-# The log's wide columns: read back for the winners only, so the sort and the shuffle of a
-# round carry narrow rows whatever the payload width.
-_PAYLOAD = ("after", "after_types")
-_EVENT_ID = ["_topic", "_partition_id", "_sequence_number"]
-# log column names of the candidate columns that are not just the name without its underscore
-_LOG_NAMES = {"_partition_id": "partition", "_source_ts": "source_ts_ms"}
-# What the packed route orders candidates by (the only columns it reads of every dirty event).
-_ORDER_COLUMNS = ["_key", "_partition_id", "_sequence_number", "_snapshot", "_source_position", "_held"]
-
-
-def _log_candidates(dirty: DataFrame) -> DataFrame:
-    """The dirty events as candidates; `_after` and `_after_types` null until `_with_payload`."""
-    return dirty.where(F.col("op") != "t").select(
-        F.col("key").alias("_key"),
-        F.col("topic").alias("_topic"),
-        F.col("partition").alias("_partition_id"),
-        F.col("offset").alias("_offset"),
-        F.col("sequence_number").alias("_sequence_number"),
-        F.col("enqueued_time").alias("_enqueued_time"),
-        F.col("op").alias("_op"),
-        F.col("snapshot").alias("_snapshot"),
-        F.col("source_ts_ms").alias("_source_ts"),
-        F.col("source_position").alias("_source_position"),
-        F.col("payload_bytes").alias("_payload_bytes"),
-        *[F.lit(None).cast("string").alias("_" + c) for c in _PAYLOAD],
-        F.lit(False).alias("_held"),
-    )
-
-
-def _with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> DataFrame:
-    """Winners with the after-image of the log events that won (held winners have none)."""
-    won = winners.where(~F.col("_held")).select(*_EVENT_ID)
-    payload = dirty.select(
-        F.col("topic").alias("_topic"),
-        F.col("partition").alias("_partition_id"),
-        F.col("sequence_number").alias("_sequence_number"),
-        *[F.col(c).alias("_l_" + c) for c in _PAYLOAD],
-    )
-    payload = payload.join(F.broadcast(won) if broadcast else won, _EVENT_ID, "left_semi")
-    joined = winners.join(payload, _EVENT_ID, "left")
-    return joined.select(
-        *[F.when(~F.col("_held"), F.col("_l" + c)).alias(c) if c[1:] in _PAYLOAD else F.col(c) for c in winners.columns]
-    )
-
-
-def _bounds(frame: DataFrame, position: Column, partition: Column, seq: Column, ordering: str) -> dict:
-    """The packing bounds of a frame of candidates (`dedupe.bounds_columns`)."""
-    pos = position if ordering == "source" else F.lit(None).cast(dedupe.POSITION_TYPE)
-    return frame.agg(*dedupe.bounds_columns(pos, partition, seq)).first().asDict()
-
-
-def _general(candidates: DataFrame, dirty: DataFrame, ordering: str) -> tuple[DataFrame, DataFrame, int, int]:
-    """The general route: the ordering rule's window and sort (winners with their payload)."""
-    ranked = dedupe.rank(candidates, ordering)
-    winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
-    totals = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
-    winners = _with_payload(winners, dirty, broadcast=totals["n"] <= BROADCAST_WINNERS)
-    return winners, ranked, totals["n"], totals["stale"] or 0
-
-
-def _winners(
-    candidates: DataFrame,
-    ordered: DataFrame,
-    held_rows: DataFrame | None,
-    dirty: DataFrame,
-    packing: dedupe.Packing | None,
-    ordering: str,
-    multi_topic: bool,
-    step: _Steps,
-) -> tuple[DataFrame, DataFrame | None, int, int]:
-    """The newest candidate per key with its payload, the ranked candidates of the general
-    route (for the stale-event log), the number of keys and of stale events. `ordered`: the
-    candidates' `_ORDER_COLUMNS` (the packed route's input)."""
-    if packing is None:
-        step("general route (no packed order key for this round)")
-        return _general(candidates, dirty, ordering)
-    per_key = dedupe.packed_latest(ordered, packing, ordering).localCheckpoint(eager=True)
-    is_new = ~F.col("_irregular") & ~F.col("_win_held")
-    by_partition = (
-        per_key.groupBy("_partition_id")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.sum(F.col("_irregular").cast("int")).alias("irr"),
-            F.sum(is_new.cast("int")).alias("new"),
-            F.min(F.when(is_new, F.col("_sequence_number"))).alias("s"),
-        )
-        .collect()
-    )
-    counts = {c: sum(r[c] for r in by_partition) for c in ("n", "irr", "new")}
-    step(f"dedupe of {counts['n']:,} keys (packed order key)")
-    regular = per_key.where(~F.col("_irregular"))
-    # The winners' log rows, found by their packed log key (one long: a dense broadcast
-    # lookup); two topics may share one, so a multi-topic round also matches the key.
-    by = ["_key", "_id"] if multi_topic else ["_id"]
-    new = regular.where(~F.col("_win_held")).select(*by, *(["_position"] if ordering == "source" else []))
-    # Winners are mostly recent events: read only the log files at or past the first winner
-    # of each partition (Iceberg prunes the rest by their sequence-number bounds).
-    floors = [r for r in by_partition if r["s"] is not None]
-    since = " OR ".join(f"(partition = {r['_partition_id']} AND sequence_number >= {r['s']})" for r in floors)
-    # Under the source ordering the position comes unpacked with the winner, so the read has no
-    # list column and Iceberg reads it vectorized.
-    from_log = [c for c in dedupe.CANDIDATE_COLUMNS if c != "_held" and (ordering == "log" or c != "_source_position")]
-    log = dirty.where(f"({since}) AND op != 't'" if floors else "false").select(
-        *[F.col(_LOG_NAMES.get(c, c[1:])).alias(c) for c in from_log],
-        packing.log_key_col(F.col("partition"), F.col("sequence_number")).alias("_id"),
-    )
-    got = log.join(F.broadcast(new) if counts["new"] <= BROADCAST_WINNERS else new, by)
-    if ordering == "source":
-        got = got.withColumn("_source_position", F.col("_position"))
-    got = got.withColumn("_held", F.lit(False))
-    if multi_topic:  # two topics may hold the same (key, partition, sequence number): keep one
-        got = got.dropDuplicates(["_key"])
-    winners = got.select(*dedupe.CANDIDATE_COLUMNS)
-    if held_rows is not None:
-        kept = held_rows.join(regular.where(F.col("_win_held")).select("_key"), "_key", "left_semi")
-        winners = winners.unionByName(kept.select(*dedupe.CANDIDATE_COLUMNS))
-    winners = winners.withColumn(
-        "_o",
-        dedupe.order_struct(
-            F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering
-        ),
-    ).withColumn("_stale", F.lit(0).cast("bigint"))
-    if not counts["irr"]:
-        return winners, None, counts["n"], 0
-    irregular = per_key.where(F.col("_irregular")).select("_key")
-    irregular = F.broadcast(irregular) if counts["irr"] <= BROADCAST_WINNERS else irregular
-    general, ranked, _, stale = _general(candidates.join(irregular, "_key", "left_semi"), dirty, ordering)
-    return winners.unionByName(general), ranked, counts["n"], stale
-
-
-def _held(table: DataFrame, op: str | None) -> DataFrame:
-    cols = [F.col(n) for n, _ in META_COLUMNS if n != "_op"]
-    return table.select(
-        *cols,
-        (F.lit(op) if op else F.col("_op")).alias("_op"),
-        F.lit(None).cast("string").alias("_after"),
-        F.lit(None).cast("string").alias("_after_types"),
-        F.lit(True).alias("_held"),
-    ).select(*dedupe.CANDIDATE_COLUMNS)
 
 
 def _has_rows(catalog: Catalog, name: str) -> bool:
@@ -276,25 +133,6 @@ def truncate_marker(catalog: Catalog, names: TableNames) -> Truncate | None:
     """The table's truncate marker, from the newest state snapshot that carries one."""
     raw = summary_value(catalog.load_table(names.state), TRUNCATE_PROPERTY)
     return Truncate.from_json(raw) if raw else None
-
-
-def _merge(spark: SparkSession, sql: str, properties: dict[str, str]) -> None:
-    for k, v in properties.items():
-        spark.conf.set(SNAPSHOT_PROPERTY + k, v)
-    try:
-        spark.sql(sql)
-    finally:
-        for k in properties:
-            spark.conf.unset(SNAPSHOT_PROPERTY + k)
-
-
-def _state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
-    after = F.from_json(F.col("_after"), "map<string,string>")
-    data = []
-    for col, t in columns.items():
-        raw = after.getItem(col)
-        data.append((F.unbase64(raw) if t == "binary" else raw.cast(t)).alias(col))
-    return changes.select(*[F.col(n) for n, _ in META_COLUMNS], *data, "_action")
 
 
 class _Steps:
@@ -374,7 +212,7 @@ class Round:
         (stale, never candidates); the round's own newest truncate."""
         ordering = self.policy.ordering
         self.dirty = self.spark.table(self.names.spark(self.names.log)).where(range_filter(self.report.ranges))
-        self.events = _log_candidates(self.dirty)
+        self.events = winners.log_candidates(self.dirty)
         marker = truncate_marker(self.catalog, self.names)
         if marker is not None:
             ordered = self.events.withColumn(
@@ -404,7 +242,7 @@ class Round:
         may remove some; a first round has none: no joins at all)."""
         # Each pass reads the log files again (column pruned): materialising the order columns
         # measured slower (10M events over 10k keys: 27.7 s a round with it, 18.9 s without).
-        self.narrow = self.events.select(*_ORDER_COLUMNS)
+        self.narrow = self.events.select(*winners.ORDER_COLUMNS)
         held = [
             (t, op) for t, op in ((self.names.state, None), (self.names.tombstones, "d")) if _has_rows(self.catalog, t)
         ]
@@ -416,7 +254,7 @@ class Round:
                 rows = self.spark.table(self.names.spark(name))
                 if not (self.truncate is not None and op is None):
                     rows = rows.join(keys, "_key", "left_semi")
-                frames.append(_held(rows, op))
+                frames.append(winners.held(rows, op))
             self.held_rows = reduce(DataFrame.unionByName, frames).localCheckpoint(eager=True)
         self.step("held rows")
 
@@ -425,12 +263,14 @@ class Round:
         are in order, else the window) and what it does: upsert, delete or truncate."""
         ordering, held_rows = self.policy.ordering, self.held_rows
         candidates = self.events if held_rows is None else self.events.unionByName(held_rows)
-        ordered = self.narrow if held_rows is None else self.narrow.unionByName(held_rows.select(*_ORDER_COLUMNS))
+        ordered = (
+            self.narrow if held_rows is None else self.narrow.unionByName(held_rows.select(*winners.ORDER_COLUMNS))
+        )
         bounds = reduce(dedupe.merge_bounds, [r.bounds for r in self.ranges])
         if held_rows is not None:
             bounds = dedupe.merge_bounds(
                 bounds,
-                _bounds(
+                winners.frame_bounds(
                     held_rows, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"), ordering
                 ),
             )
@@ -438,13 +278,13 @@ class Round:
         packed = self.policy.packed and all(r.monotone for r in self.ranges)
         packing = dedupe.Packing.of(bounds) if packed else None
         multi_topic = len({r.topic for r in self.report.ranges}) > 1
-        winners, self.ranked, self.report.keys, self.report.stale = _winners(
+        found, self.ranked, self.report.keys, self.report.stale = winners.newest(
             candidates, ordered, held_rows, self.dirty, packing, ordering, multi_topic, self.step
         )
         # the counts and the after-image signatures come with the checkpoint's own job
         upsert, observed = F.col("_action") == "upsert", Observation("cdclake_changes")
         self.changes = (
-            dedupe.resolve(winners, self.truncate, ordering)
+            dedupe.resolve(found, self.truncate, ordering)
             .observe(
                 observed,
                 F.count(F.lit(1)).alias("n"),
@@ -497,7 +337,7 @@ class Round:
         names = self.names
         plan = schema.plan_columns(schema.data_columns(self.spark, names), self.signatures, self.policy.max_new_columns)
         if plan.refused:
-            self.changes, self.report.refused = _refuse(
+            self.changes, self.report.refused = writes.refuse(
                 self.spark, self.catalog, names, self.changes, self.dirty, plan.refused, self.now
             )
             self.report.upserts -= self.report.refused
@@ -521,14 +361,14 @@ class Round:
         )
         deletes.unionByName(others).createOrReplaceTempView("cdclake_tomb_changes")
         tombstones = self.names.tombstones
-        sql = _write_sql(
+        sql = writes.write_sql(
             self.names.spark(tombstones),
             "cdclake_tomb_changes",
             meta + [n for n, _ in TOMBSTONE_EXTRA],
             "delete",
             tombstones in self.held_tables,
         )
-        _merge(self.spark, sql, {})
+        writes.merge(self.spark, sql, {})
         self.step("merge tombstones")
         crash_point("compact.after-tombstones")
 
@@ -550,7 +390,7 @@ class Round:
         """6. MERGE the state with the cleaner points, the truncate marker and the round's
         figures in the same snapshot."""
         catalog, names, report = self.catalog, self.names, self.report
-        _state_source(self.changes, self.columns).createOrReplaceTempView("cdclake_changes")
+        writes.state_source(self.changes, self.columns).createOrReplaceTempView("cdclake_changes")
         points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
         compact_json = {"separators": (",", ":")}
         props = {
@@ -561,14 +401,14 @@ class Round:
         }
         meta = [n for n, _ in META_COLUMNS]
         before = catalog.load_table(names.state).current_snapshot()
-        sql = _write_sql(
+        sql = writes.write_sql(
             names.spark(names.state),
             "cdclake_changes",
             meta + list(self.columns),
             "upsert",
             names.state in self.held_tables,
         )
-        _merge(self.spark, sql, props)
+        writes.merge(self.spark, sql, props)
         after = catalog.load_table(names.state).current_snapshot()
         if after is None or (before is not None and after.snapshot_id == before.snapshot_id):
             # Nothing changed (every event was stale): record the cleaner points alone.
@@ -602,89 +442,3 @@ class Round:
         ]
         self.report.maintenance = maintain(self.spark, self.catalog, names.catalog, upkeep, self.policy.maintenance)
         self.step("maintenance")
-
-
-def _refuse(
-    spark: SparkSession,
-    catalog: Catalog,
-    names: TableNames,
-    changes: DataFrame,
-    dirty: DataFrame,
-    refused: dict[str, str],
-    now: datetime,
-) -> tuple[DataFrame, int]:
-    """Sends the winners whose after-image the state table cannot hold to the dead letters
-    (reason `schema`, the raw record from the log) and returns the changes without them
-    (their keys keep what they held) and how many. Idempotent: a replayed round adds none twice."""
-    why = F.create_map(*[x for sig, reason in sorted(refused.items()) for x in (F.lit(sig), F.lit(reason))])
-    is_refused = (F.col("_action") == "upsert") & F.col("_after_types").isin(list(refused))
-    rows = changes.where(is_refused).select(
-        F.col("_topic").alias("topic"),
-        F.col("_partition_id").alias("partition"),
-        F.col("_sequence_number").alias("sequence_number"),
-        why[F.col("_after_types")].alias("detail"),
-    )
-    letters = (
-        dirty.select(
-            "topic",
-            "partition",
-            "offset",
-            "sequence_number",
-            "enqueued_time",
-            F.col("key").cast("binary").alias("key"),
-            "value",
-        )
-        .join(rows, ["topic", "partition", "sequence_number"])
-        .select(
-            "topic",
-            "partition",
-            "offset",
-            "sequence_number",
-            "enqueued_time",
-            "key",
-            "value",
-            F.lit("schema").alias("reason"),
-            "detail",
-            F.lit(now).alias("ingested_at"),
-        )
-        .localCheckpoint(eager=True)
-    )
-    n = letters.count()
-    if not catalog.table_exists(names.dead_letters):
-        catalog.create_table(names.dead_letters, schema=DEAD_LETTER_SCHEMA)
-    letters.createOrReplaceTempView("cdclake_refused")
-    target = names.spark(names.dead_letters)
-    spark.sql(
-        f"MERGE INTO {target} t USING cdclake_refused s ON t.topic = s.topic AND t.partition = s.partition "
-        f"AND t.sequence_number = s.sequence_number AND t.reason = s.reason WHEN NOT MATCHED THEN INSERT *"
-    )
-    for r in letters.limit(10).collect():
-        log.warning(
-            "%s: dead letter at compaction: key %s topic %s partition %s offset %s: %s",
-            names.state,
-            r["key"],
-            r["topic"],
-            r["partition"],
-            r["offset"],
-            r["detail"],
-        )
-    DEAD_LETTERS.labels(names.table, "schema").inc(n)
-    return changes.where(~is_refused), n
-
-
-def _write_sql(target: str, source: str, columns: list[str], keep: str, has_rows: bool) -> str:
-    """MERGE the changes into `target`: the key's row is written where `_action` is `keep`,
-    removed for any other action; into a table without rows, INSERT the rows it keeps (the
-    same result without the join a MERGE plans)."""
-    q = schema.quote
-    if not has_rows:
-        cols = ", ".join(map(q, columns))
-        return f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {source} WHERE _action = '{keep}'"
-    sets = ", ".join(f"t.{q(c)} = s.{q(c)}" for c in columns)
-    return (
-        f"MERGE INTO {target} t USING {source} s ON t._key = s._key "
-        f"WHEN MATCHED AND s._action <> '{keep}' THEN DELETE "
-        f"WHEN MATCHED AND s._action = '{keep}' THEN UPDATE SET {sets} "
-        f"WHEN NOT MATCHED AND s._action = '{keep}' THEN INSERT ({', '.join(map(q, columns))}) "
-        f"VALUES ({', '.join('s.' + q(c) for c in columns)})"
-    )

@@ -169,13 +169,13 @@ def test_packed_winners_equal_the_general_route(spark, rows, width, ordering):
     import pyarrow as pa
     from pyspark.sql import functions as F
 
-    from iceberg.compaction.job import _bounds
     from iceberg.compaction.stats import in_order, segment
+    from iceberg.compaction.winners import frame_bounds
 
     df = frame(spark, rows, width)
     general = {r["_key"]: r for r in dedupe.latest_per_key(dedupe.rank(df, ordering)).collect()}
     packing = Packing.of(
-        _bounds(df, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"), ordering)
+        frame_bounds(df, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"), ordering)
     )
     assert packing is not None
     packed = {r["_key"]: r for r in dedupe.packed_latest(df, packing, ordering).collect()}

@@ -1,0 +1,155 @@
+"""Candidates and winners of a round (DataFrame -> DataFrame): the dirty events and held rows
+as candidates, the newest per key by the packed route (hash aggregation) or the general
+route (the window), and the winners' after-images read back from the log."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from iceberg.compaction import dedupe
+from iceberg.layouts import META_COLUMNS
+
+BROADCAST_WINNERS = 2_000_000  # winner ids (~50 bytes each) sent to every task to fetch their payload
+
+# The log's wide columns: read back for the winners only, so the sort and the shuffle of a
+# round carry narrow rows whatever the payload width.
+_PAYLOAD = ("after", "after_types")
+_EVENT_ID = ["_topic", "_partition_id", "_sequence_number"]
+# log column names of the candidate columns that are not just the name without its underscore
+_LOG_NAMES = {"_partition_id": "partition", "_source_ts": "source_ts_ms"}
+# What the packed route orders candidates by (the only columns it reads of every dirty event).
+ORDER_COLUMNS = ["_key", "_partition_id", "_sequence_number", "_snapshot", "_source_position", "_held"]
+
+
+def log_candidates(dirty: DataFrame) -> DataFrame:
+    """The dirty events as candidates; `_after` and `_after_types` null until `with_payload`."""
+    return dirty.where(F.col("op") != "t").select(
+        F.col("key").alias("_key"),
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition_id"),
+        F.col("offset").alias("_offset"),
+        F.col("sequence_number").alias("_sequence_number"),
+        F.col("enqueued_time").alias("_enqueued_time"),
+        F.col("op").alias("_op"),
+        F.col("snapshot").alias("_snapshot"),
+        F.col("source_ts_ms").alias("_source_ts"),
+        F.col("source_position").alias("_source_position"),
+        F.col("payload_bytes").alias("_payload_bytes"),
+        *[F.lit(None).cast("string").alias("_" + c) for c in _PAYLOAD],
+        F.lit(False).alias("_held"),
+    )
+
+
+def with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> DataFrame:
+    """Winners with the after-image of the log events that won (held winners have none)."""
+    won = winners.where(~F.col("_held")).select(*_EVENT_ID)
+    payload = dirty.select(
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition_id"),
+        F.col("sequence_number").alias("_sequence_number"),
+        *[F.col(c).alias("_l_" + c) for c in _PAYLOAD],
+    )
+    payload = payload.join(F.broadcast(won) if broadcast else won, _EVENT_ID, "left_semi")
+    joined = winners.join(payload, _EVENT_ID, "left")
+    return joined.select(
+        *[F.when(~F.col("_held"), F.col("_l" + c)).alias(c) if c[1:] in _PAYLOAD else F.col(c) for c in winners.columns]
+    )
+
+
+def frame_bounds(frame: DataFrame, position: Column, partition: Column, seq: Column, ordering: str) -> dict:
+    """The packing bounds of a frame of candidates (`dedupe.bounds_columns`)."""
+    pos = position if ordering == "source" else F.lit(None).cast(dedupe.POSITION_TYPE)
+    return frame.agg(*dedupe.bounds_columns(pos, partition, seq)).first().asDict()
+
+
+def general(candidates: DataFrame, dirty: DataFrame, ordering: str) -> tuple[DataFrame, DataFrame, int, int]:
+    """The general route: the ordering rule's window and sort (winners with their payload)."""
+    ranked = dedupe.rank(candidates, ordering)
+    winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
+    totals = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
+    winners = with_payload(winners, dirty, broadcast=totals["n"] <= BROADCAST_WINNERS)
+    return winners, ranked, totals["n"], totals["stale"] or 0
+
+
+def newest(
+    candidates: DataFrame,
+    ordered: DataFrame,
+    held_rows: DataFrame | None,
+    dirty: DataFrame,
+    packing: dedupe.Packing | None,
+    ordering: str,
+    multi_topic: bool,
+    step: Callable[[str], None],
+) -> tuple[DataFrame, DataFrame | None, int, int]:
+    """The newest candidate per key with its payload, the ranked candidates of the general
+    route (for the stale-event log), the number of keys and of stale events. `ordered`: the
+    candidates' `ORDER_COLUMNS` (the packed route's input)."""
+    if packing is None:
+        step("general route (no packed order key for this round)")
+        return general(candidates, dirty, ordering)
+    per_key = dedupe.packed_latest(ordered, packing, ordering).localCheckpoint(eager=True)
+    is_new = ~F.col("_irregular") & ~F.col("_win_held")
+    by_partition = (
+        per_key.groupBy("_partition_id")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.col("_irregular").cast("int")).alias("irr"),
+            F.sum(is_new.cast("int")).alias("new"),
+            F.min(F.when(is_new, F.col("_sequence_number"))).alias("s"),
+        )
+        .collect()
+    )
+    counts = {c: sum(r[c] for r in by_partition) for c in ("n", "irr", "new")}
+    step(f"dedupe of {counts['n']:,} keys (packed order key)")
+    regular = per_key.where(~F.col("_irregular"))
+    # The winners' log rows, found by their packed log key (one long: a dense broadcast
+    # lookup); two topics may share one, so a multi-topic round also matches the key.
+    by = ["_key", "_id"] if multi_topic else ["_id"]
+    new = regular.where(~F.col("_win_held")).select(*by, *(["_position"] if ordering == "source" else []))
+    # Winners are mostly recent events: read only the log files at or past the first winner
+    # of each partition (Iceberg prunes the rest by their sequence-number bounds).
+    floors = [r for r in by_partition if r["s"] is not None]
+    since = " OR ".join(f"(partition = {r['_partition_id']} AND sequence_number >= {r['s']})" for r in floors)
+    # Under the source ordering the position comes unpacked with the winner, so the read has no
+    # list column and Iceberg reads it vectorized.
+    from_log = [c for c in dedupe.CANDIDATE_COLUMNS if c != "_held" and (ordering == "log" or c != "_source_position")]
+    log = dirty.where(f"({since}) AND op != 't'" if floors else "false").select(
+        *[F.col(_LOG_NAMES.get(c, c[1:])).alias(c) for c in from_log],
+        packing.log_key_col(F.col("partition"), F.col("sequence_number")).alias("_id"),
+    )
+    got = log.join(F.broadcast(new) if counts["new"] <= BROADCAST_WINNERS else new, by)
+    if ordering == "source":
+        got = got.withColumn("_source_position", F.col("_position"))
+    got = got.withColumn("_held", F.lit(False))
+    if multi_topic:  # two topics may hold the same (key, partition, sequence number): keep one
+        got = got.dropDuplicates(["_key"])
+    winners = got.select(*dedupe.CANDIDATE_COLUMNS)
+    if held_rows is not None:
+        kept = held_rows.join(regular.where(F.col("_win_held")).select("_key"), "_key", "left_semi")
+        winners = winners.unionByName(kept.select(*dedupe.CANDIDATE_COLUMNS))
+    winners = winners.withColumn(
+        "_o",
+        dedupe.order_struct(
+            F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering
+        ),
+    ).withColumn("_stale", F.lit(0).cast("bigint"))
+    if not counts["irr"]:
+        return winners, None, counts["n"], 0
+    irregular = per_key.where(F.col("_irregular")).select("_key")
+    irregular = F.broadcast(irregular) if counts["irr"] <= BROADCAST_WINNERS else irregular
+    settled, ranked, _, stale = general(candidates.join(irregular, "_key", "left_semi"), dirty, ordering)
+    return winners.unionByName(settled), ranked, counts["n"], stale
+
+
+def held(table: DataFrame, op: str | None) -> DataFrame:
+    cols = [F.col(n) for n, _ in META_COLUMNS if n != "_op"]
+    return table.select(
+        *cols,
+        (F.lit(op) if op else F.col("_op")).alias("_op"),
+        F.lit(None).cast("string").alias("_after"),
+        F.lit(None).cast("string").alias("_after_types"),
+        F.lit(True).alias("_held"),
+    ).select(*dedupe.CANDIDATE_COLUMNS)

@@ -1,0 +1,124 @@
+"""What a round writes: MERGE / INSERT statements, snapshot properties on a Spark commit, the
+state's typed columns from the winners' after-images, and the winners the state cannot hold
+sent to the dead letters."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from pyiceberg.catalog import Catalog
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from iceberg.compaction import schema
+from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, TableNames
+from quotas.metrics import DEAD_LETTERS
+
+log = logging.getLogger(__name__)
+SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
+
+
+def merge(spark: SparkSession, sql: str, properties: dict[str, str]) -> None:
+    for k, v in properties.items():
+        spark.conf.set(SNAPSHOT_PROPERTY + k, v)
+    try:
+        spark.sql(sql)
+    finally:
+        for k in properties:
+            spark.conf.unset(SNAPSHOT_PROPERTY + k)
+
+
+def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
+    after = F.from_json(F.col("_after"), "map<string,string>")
+    data = []
+    for col, t in columns.items():
+        raw = after.getItem(col)
+        data.append((F.unbase64(raw) if t == "binary" else raw.cast(t)).alias(col))
+    return changes.select(*[F.col(n) for n, _ in META_COLUMNS], *data, "_action")
+
+
+def refuse(
+    spark: SparkSession,
+    catalog: Catalog,
+    names: TableNames,
+    changes: DataFrame,
+    dirty: DataFrame,
+    refused: dict[str, str],
+    now: datetime,
+) -> tuple[DataFrame, int]:
+    """Sends the winners whose after-image the state table cannot hold to the dead letters
+    (reason `schema`, the raw record from the log) and returns the changes without them
+    (their keys keep what they held) and how many. Idempotent: a replayed round adds none twice."""
+    why = F.create_map(*[x for sig, reason in sorted(refused.items()) for x in (F.lit(sig), F.lit(reason))])
+    is_refused = (F.col("_action") == "upsert") & F.col("_after_types").isin(list(refused))
+    rows = changes.where(is_refused).select(
+        F.col("_topic").alias("topic"),
+        F.col("_partition_id").alias("partition"),
+        F.col("_sequence_number").alias("sequence_number"),
+        why[F.col("_after_types")].alias("detail"),
+    )
+    letters = (
+        dirty.select(
+            "topic",
+            "partition",
+            "offset",
+            "sequence_number",
+            "enqueued_time",
+            F.col("key").cast("binary").alias("key"),
+            "value",
+        )
+        .join(rows, ["topic", "partition", "sequence_number"])
+        .select(
+            "topic",
+            "partition",
+            "offset",
+            "sequence_number",
+            "enqueued_time",
+            "key",
+            "value",
+            F.lit("schema").alias("reason"),
+            "detail",
+            F.lit(now).alias("ingested_at"),
+        )
+        .localCheckpoint(eager=True)
+    )
+    n = letters.count()
+    if not catalog.table_exists(names.dead_letters):
+        catalog.create_table(names.dead_letters, schema=DEAD_LETTER_SCHEMA)
+    letters.createOrReplaceTempView("cdclake_refused")
+    target = names.spark(names.dead_letters)
+    spark.sql(
+        f"MERGE INTO {target} t USING cdclake_refused s ON t.topic = s.topic AND t.partition = s.partition "
+        f"AND t.sequence_number = s.sequence_number AND t.reason = s.reason WHEN NOT MATCHED THEN INSERT *"
+    )
+    for r in letters.limit(10).collect():
+        log.warning(
+            "%s: dead letter at compaction: key %s topic %s partition %s offset %s: %s",
+            names.state,
+            r["key"],
+            r["topic"],
+            r["partition"],
+            r["offset"],
+            r["detail"],
+        )
+    DEAD_LETTERS.labels(names.table, "schema").inc(n)
+    return changes.where(~is_refused), n
+
+
+def write_sql(target: str, source: str, columns: list[str], keep: str, has_rows: bool) -> str:
+    """MERGE the changes into `target`: the key's row is written where `_action` is `keep`,
+    removed for any other action; into a table without rows, INSERT the rows it keeps (the
+    same result without the join a MERGE plans)."""
+    q = schema.quote
+    if not has_rows:
+        cols = ", ".join(map(q, columns))
+        return f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {source} WHERE _action = '{keep}'"
+    sets = ", ".join(f"t.{q(c)} = s.{q(c)}" for c in columns)
+    return (
+        f"MERGE INTO {target} t USING {source} s ON t._key = s._key "
+        f"WHEN MATCHED AND s._action <> '{keep}' THEN DELETE "
+        f"WHEN MATCHED AND s._action = '{keep}' THEN UPDATE SET {sets} "
+        f"WHEN NOT MATCHED AND s._action = '{keep}' THEN INSERT ({', '.join(map(q, columns))}) "
+        f"VALUES ({', '.join('s.' + q(c) for c in columns)})"
+    )
