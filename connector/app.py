@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from pyiceberg.catalog import Catalog
 
-from connector.config import Settings
+from connector.core.config import Settings
 from connector.pipeline import IngestStats, ingest
 from connector.sources import load_source
 from iceberg.catalog import load_catalog
@@ -41,7 +41,7 @@ def table_names(settings: Settings, catalog: Catalog, only: list[str] | None = N
     if only:
         unknown = sorted(set(only) - set(names))
         if unknown:
-            from connector.errors import ConfigError
+            from connector.core.errors import ConfigError
 
             raise ConfigError(f"--table {unknown}: no such source table (known: {names or 'none yet: ingest first'})")
         names = [n for n in names if n in only]
@@ -71,7 +71,7 @@ def run_ingest(
     settings: Settings, on_batch: Callable[[IngestStats], None] | None = None, max_records: int | None = None
 ) -> IngestStats:
     if settings.source.type == "file" and not settings.source.path:
-        from connector.errors import ConfigError
+        from connector.core.errors import ConfigError
 
         raise ConfigError("source.path: set the replay file (config file or CDCLAKE_SOURCE__PATH)")
     catalog = load_catalog(settings)

@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connector.arrow_json import _NULL_TEXT, after_json, json_objects, key_texts, mapped, mask_at, parse
+from connector.core.errors import DecodeError
+from connector.core.ordering import SNAPSHOT_MARKERS
+from connector.core.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
 from connector.debezium import RESERVED_COLUMNS, Decoder, _source_table
-from connector.errors import DecodeError
-from connector.ordering import SNAPSHOT_MARKERS
-from connector.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
 from iceberg.layouts import DEAD_LETTER_SCHEMA, LOG_SCHEMA, UTC_TS
 
 # A source's records as columns: the log's own types, the key as the raw bytes.

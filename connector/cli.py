@@ -24,8 +24,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from connector.config import Settings, load_settings
-from connector.errors import ConfigError, ConnectorError, SetupError
+from connector.core.config import Settings, load_settings
+from connector.core.errors import ConfigError, ConnectorError, SetupError
 from quotas.tiers import human_bytes
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, rich_markup_mode="markdown", add_completion=False)

@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 import orjson
 
-from connector.errors import DecodeError
-from connector.ordering import INT64_MAX, INT64_MIN, is_snapshot, source_position
-from connector.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
+from connector.core.errors import DecodeError
+from connector.core.ordering import INT64_MAX, INT64_MIN, is_snapshot, source_position
+from connector.core.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
 from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA
 
 OPS = frozenset("cudrt")

@@ -28,9 +28,9 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from connector.batch import RecordBatch, Rows, at_or_after, dead_letter_rows, decode_batch, streams_of
+from connector.core.faults import crash_point
+from connector.core.records import DeadLetter, SourceRecord
 from connector.debezium import Decoder
-from connector.faults import crash_point
-from connector.records import DeadLetter, SourceRecord
 from connector.sources import Source
 from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
 from iceberg.log_writer import append_with_positions, committed_positions

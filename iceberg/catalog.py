@@ -12,14 +12,14 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
 if TYPE_CHECKING:
-    from connector.config import Settings
+    from connector.core.config import Settings
 
 
 def load_catalog(settings: Settings) -> SqlCatalog:
     """The pyiceberg catalog, with the namespace created if missing.
 
     Raises ConfigError when the work directory cannot be written."""
-    from connector.errors import ConfigError
+    from connector.core.errors import ConfigError
 
     try:
         settings.root.mkdir(parents=True, exist_ok=True)

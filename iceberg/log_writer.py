@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from connector.faults import crash_point
+from connector.core.faults import crash_point
 
 POSITIONS_PROPERTY = "cdclake.positions"
 

@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from connector.errors import SetupError
+from connector.core.errors import SetupError
 from iceberg.catalog import jdbc_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from connector.config import Settings
+    from connector.core.config import Settings
 
 DEFAULT_JARS_DIR = Path(__file__).resolve().parents[1] / ".cache" / "jars"
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from connector.errors import ConnectorError
+from connector.core.errors import ConnectorError
 
 
 class QuotaConfigError(ConnectorError):

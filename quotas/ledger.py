@@ -17,7 +17,7 @@ from quotas.metrics import QUOTA, USAGE
 from quotas.tiers import TIERS, TierQuota
 
 if TYPE_CHECKING:
-    from connector.config import Settings
+    from connector.core.config import Settings
 
 log = logging.getLogger(__name__)
 

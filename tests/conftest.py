@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.config import Settings, load_settings
+from connector.core.config import Settings, load_settings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "debezium"  # real samples, see SOURCES.md there
 _ns = itertools.count()

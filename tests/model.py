@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from connector.records import ChangeEvent
+from connector.core.records import ChangeEvent
 
 
 def _order(e: ChangeEvent, position: tuple | None, ordering: str) -> tuple:

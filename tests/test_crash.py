@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.config import load_settings
+from connector.core.config import load_settings
 from connector.demo import write_demo_file
 from iceberg.catalog import load_catalog
 

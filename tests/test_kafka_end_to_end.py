@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from connector.app import run_compaction
+from connector.core.records import SourceRecord
 from connector.debezium import Decoder
-from connector.records import SourceRecord
 from iceberg.catalog import load_catalog
 from tests.connector.test_kafka_source import kafka_settings, new_topic
 from tests.iceberg.helpers import names, offsets_by_key

@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from connector.records import SourceRecord
+from connector.core.records import SourceRecord
 
 if TYPE_CHECKING:
     from connector.batch import RecordBatch
-    from connector.config import SourceConfig
+    from connector.core.config import SourceConfig
 
 
 def initial_position(starting: str | int | datetime, low: int, high: int, at_time: Callable[[datetime], int]) -> int:

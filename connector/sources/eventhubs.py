@@ -22,9 +22,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from connector.config import starting_value
-from connector.errors import SourceError
-from connector.records import SourceRecord, stream_id
+from connector.core.config import starting_value
+from connector.core.errors import SourceError
+from connector.core.records import SourceRecord, stream_id
 from connector.sources import Source, initial_position
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from connector.errors import SourceError
-from connector.records import SOURCE_ERROR_HEADER, SourceRecord
+from connector.core.errors import SourceError
+from connector.core.records import SOURCE_ERROR_HEADER, SourceRecord
 from connector.sources import Source
 
 if TYPE_CHECKING:

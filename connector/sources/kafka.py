@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from connector.errors import SourceError
-from connector.records import SourceRecord, stream_id
+from connector.core.errors import SourceError
+from connector.core.records import SourceRecord, stream_id
 from connector.sources import Source, initial_position
 
 log = logging.getLogger(__name__)

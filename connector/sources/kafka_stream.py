@@ -10,9 +10,9 @@ from collections.abc import Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from connector.config import starting_value
-from connector.errors import SourceError
-from connector.records import stream_id
+from connector.core.config import starting_value
+from connector.core.errors import SourceError
+from connector.core.records import stream_id
 from connector.sources.kafka import KafkaSource, initial_offset, retrying
 from connector.sources.spark_stream import EVENT_SCHEMA, DataSource, DataSourceStreamReader, InputPartition, row_of
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC
 from typing import Any
 
-from connector.records import SourceRecord
+from connector.core.records import SourceRecord
 
 try:
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -86,9 +86,9 @@ def _unwrap(e: Exception) -> Exception:
     """The connector's own error inside Spark's StreamingQueryException, else `e` itself."""
     import re
 
-    from connector import errors
+    from connector.core import errors
 
-    m = re.search(r"connector\.errors\.(\w+): ([^\n]*)", str(e))
+    m = re.search(r"connector\.core\.errors\.(\w+): ([^\n]*)", str(e))
     cls = getattr(errors, m.group(1), None) if m else None
     if isinstance(cls, type) and issubclass(cls, errors.ConnectorError) and cls is not errors.DecodeError:
         return cls(m.group(2))

@@ -1,6 +1,6 @@
 """The dedupe transform (DataFrame -> DataFrame): the newest change per key.
 
-Implements `connector.ordering` over Spark columns. Candidates are the dirty log events of
+Implements `connector.core.ordering` over Spark columns. Candidates are the dirty log events of
 the round plus the rows already held for the same keys (state or tombstone, `_held`).
 """
 
@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from connector.ordering import Ordering, Truncate
+from connector.core.ordering import Ordering, Truncate
 from iceberg.compaction import retain
 
 POSITION_TYPE = "array<bigint>"
@@ -39,7 +39,7 @@ CANDIDATE_COLUMNS = [
 
 
 def order_struct(position: Column, snapshot: Column, partition: Column, seq: Column, ordering: Ordering) -> Column:
-    """The Spark twin of `connector.ordering.order_key`."""
+    """The Spark twin of `connector.core.ordering.order_key`."""
     empty = F.array().cast(POSITION_TYPE)
     return F.struct(
         (empty if ordering == "log" else F.coalesce(position, empty)).alias("p"),
@@ -104,7 +104,7 @@ def latest_per_key(ranked: DataFrame) -> DataFrame:
 
 
 def older_than_truncate(truncate: Truncate, ordering: Ordering) -> Column:
-    """The Spark twin of `connector.ordering.older_than_truncate` over candidate columns
+    """The Spark twin of `connector.core.ordering.older_than_truncate` over candidate columns
     (`_o` must be set under the source ordering)."""
     if ordering == "log":
         same = (F.col("_topic") == F.lit(truncate.topic)) & (F.col("_partition_id") == F.lit(truncate.partition))
@@ -140,7 +140,7 @@ def resolve(winners: DataFrame, truncate: Truncate | None, ordering: Ordering) -
 # Sorting every candidate by key (the window of `rank`, then `latest_per_key`) is most of a
 # round's time. When the round's positions, partitions and sequence numbers fit in 63 bits
 # together (PostgreSQL's one-number LSN, say, with the round's sequence range), the order key
-# of `connector.ordering` becomes one long and the newest change per key a hash aggregation
+# of `connector.core.ordering` becomes one long and the newest change per key a hash aggregation
 # of longs (no sort, partial aggregation before the shuffle). Keys the packed route cannot
 # settle by aggregation alone (a held or snapshot row without a position, or events that may
 # be older than the held row: stale events, which are counted and logged one by one) go

@@ -33,8 +33,8 @@ from pyiceberg.expressions import LessThanOrEqual
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from connector.faults import crash_point
-from connector.ordering import Truncate, newest_truncate
+from connector.core.faults import crash_point
+from connector.core.ordering import Truncate, newest_truncate
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
 from iceberg.compaction.retain import purge_predicate

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from connector.ordering import Ordering
+from connector.core.ordering import Ordering
 from iceberg.maintenance import MaintenancePolicy
 
 

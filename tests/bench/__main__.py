@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from connector.config import load_settings
+from connector.core.config import load_settings
 from tests.bench import systems
 from tests.bench.generate import TOPIC, generate, live_keys
 

@@ -13,7 +13,7 @@ import orjson
 import pyarrow as pa
 
 from connector.app import run_compaction, run_ingest
-from connector.config import Settings
+from connector.core.config import Settings
 from iceberg.catalog import load_catalog
 
 PAYLOAD = "struct<op:string, after:struct<id:bigint, v:bigint, pad:string>, source:struct<lsn:bigint>>"

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from connector.batch import DECODE_CHUNK, RecordBatch, decode_batch, log_rows
+from connector.core.records import DeadLetter, SourceRecord
 from connector.debezium import Decoder
-from connector.records import DeadLetter, SourceRecord
 from connector.sources import file as file_source
 from connector.sources.file import FileSource
 

@@ -3,8 +3,8 @@ from datetime import UTC
 
 import pytest
 
-from connector.config import load_settings
-from connector.errors import ConfigError, SourceError
+from connector.core.config import load_settings
+from connector.core.errors import ConfigError, SourceError
 from connector.sources.file import FileSource
 
 

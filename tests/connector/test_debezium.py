@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from connector.core.records import ChangeEvent, DeadLetter, SourceRecord
 from connector.debezium import Decoder, canonical
-from connector.records import ChangeEvent, DeadLetter, SourceRecord
 
 T = datetime(2024, 1, 1, tzinfo=UTC)
 

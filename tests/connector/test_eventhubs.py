@@ -11,8 +11,8 @@ import pytest
 from pydantic import TypeAdapter
 
 from connector.app import run_compaction, run_ingest, status
-from connector.config import SourceConfig, load_settings
-from connector.errors import ConfigError
+from connector.core.config import SourceConfig, load_settings
+from connector.core.errors import ConfigError
 from connector.sources.eventhubs import record_from_event
 from iceberg.catalog import load_catalog
 from tests.connector.eventhubs_fake import amqp_event
@@ -174,7 +174,7 @@ def test_an_unreachable_namespace_is_one_line_naming_it(settings):
     ConnectError becomes a SourceError of one line that names the hub and host, never the key."""
     import socket
 
-    from connector.errors import SourceError
+    from connector.core.errors import SourceError
     from connector.sources.eventhubs import SdkPartitionReader
 
     with socket.socket() as s:  # a free port, closed again: connections to it are refused

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from connector.batch import RecordBatch, decode_batch
+from connector.core.records import DeadLetter
 from connector.debezium import Decoder
-from connector.records import DeadLetter
 from tests.connector.test_batch import NOW, batched, normal, record, reference
 
 RECORDS = int(os.environ.get("CDCLAKE_FUZZ_RECORDS", "3000"))

@@ -11,8 +11,8 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from pydantic import TypeAdapter
 
 from connector.app import run_ingest
-from connector.config import SourceConfig
-from connector.errors import SourceError
+from connector.core.config import SourceConfig
+from connector.core.errors import SourceError
 from iceberg.catalog import load_catalog
 from tests.conftest import SASL_PASSWORD
 from tests.iceberg.helpers import names

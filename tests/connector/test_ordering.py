@@ -2,7 +2,7 @@
 
 import pytest
 
-from connector.ordering import Truncate, carry_positions, newest_truncate, older_than_truncate, order_key
+from connector.core.ordering import Truncate, carry_positions, newest_truncate, older_than_truncate, order_key
 
 # (a, b, ordering, newer): each side is (position, snapshot, partition, sequence_number)
 CASES = [

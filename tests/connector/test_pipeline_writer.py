@@ -123,7 +123,7 @@ def test_a_failure_at_any_step_loses_nothing_and_the_rerun_adds_each_record_once
 ):
     """A failure while creating or writing any table of a batch that spans new tables; the
     rerun ends with every input record in exactly one log or dead-letter table."""
-    from connector.faults import FAIL_ENV, InjectedFailure, _hits
+    from connector.core.faults import FAIL_ENV, InjectedFailure, _hits
 
     lines = _mixed_lines()
     path = write_lines(tmp_path / "dump.jsonl", lines)

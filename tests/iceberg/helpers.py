@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from connector.app import policy_of, run_ingest
-from connector.config import Settings
+from connector.core.config import Settings
 from connector.sources.file import parse_line
 from iceberg.catalog import load_catalog
 from iceberg.compaction.job import compact

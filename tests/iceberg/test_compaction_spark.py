@@ -8,7 +8,7 @@ from datetime import timedelta
 import pyarrow as pa
 import pytest
 
-from connector.config import TableConfig
+from connector.core.config import TableConfig
 from iceberg.catalog import load_catalog
 from iceberg.compaction.stats import clean_bytes, cleaner_points
 from iceberg.log_writer import committed_positions

@@ -1,5 +1,5 @@
 """The packed route of the dedupe (one long per order key, hash aggregation) against the
-ordering rule: the pure layout against `connector.ordering.order_key`, and on Spark the
+ordering rule: the pure layout against `connector.core.ordering.order_key`, and on Spark the
 packed winners against the general route's window on random candidates."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from connector.ordering import order_key
+from connector.core.ordering import order_key
 from iceberg.compaction import dedupe
 from iceberg.compaction.dedupe import MAX_POSITION, Packing
 

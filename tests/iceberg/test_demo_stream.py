@@ -17,7 +17,7 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def demo(spark, work_root, tmp_path_factory):
-    from connector.config import load_settings
+    from connector.core.config import load_settings
 
     s = load_settings(work_dir=work_root, catalog={"namespace": "demo_stream"})
     path = write_demo_file(tmp_path_factory.mktemp("demo") / "events.jsonl")

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
+from connector.core.records import ChangeEvent
 from connector.debezium import Decoder
 from connector.pipeline import ingest
-from connector.records import ChangeEvent
 from connector.sources import Source
 from iceberg.catalog import load_catalog
 from iceberg.layouts import source_tables

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from connector.app import run_ingest, status
-from connector.config import CustomTier, TableConfig
+from connector.core.config import CustomTier, TableConfig
 from iceberg.catalog import load_catalog
 from quotas.errors import QuotaExceededError
 from tests.iceberg.helpers import names, offsets_by_key, with_source, write_lines

@@ -2,7 +2,7 @@
 
 import pytest
 
-from connector.config import load_settings
+from connector.core.config import load_settings
 from quotas.admit import event_too_large, refuse, validate_table
 from quotas.errors import QuotaConfigError
 from quotas.ledger import QuotaGate, table_quota

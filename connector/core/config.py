@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
-from connector.errors import ConfigError
+from connector.core.errors import ConfigError
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cdclake_config_file", default=None)
 

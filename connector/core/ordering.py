@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from connector.errors import DecodeError
+from connector.core.errors import DecodeError
 
 Ordering = Literal["source", "log"]
 Position = tuple[int, ...]

@@ -54,7 +54,7 @@ class ChangeEvent:
     """A decoded Debezium change for one key of one table.
 
     `op` is one of c, u, d, r, t (a null-value tombstone decodes to `d` with `tombstone`
-    set). `position` is the comparable source position (see `connector.ordering`), or None
+    set). `position` is the comparable source position (see `connector.core.ordering`), or None
     when the event carries none. `after` holds the after-image with values normalised to
     JSON scalars that Spark can cast to `after_types` (Spark SQL type names).
     """
