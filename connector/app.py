@@ -5,11 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from connector.core.config import Settings
-from connector.pipeline import IngestStats, ingest
+from connector.core.config import (
+    EventHubsKafkaSourceConfig,
+    EventHubsSourceConfig,
+    FileSourceConfig,
+    KafkaSourceConfig,
+    Settings,
+)
+from connector.pipeline import IngestJob, IngestStats, ingest
 from connector.sources import load_source
 from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import CompactionPolicy
@@ -70,7 +77,7 @@ def validate_tables(settings: Settings, catalog: Catalog) -> None:
 def run_ingest(
     settings: Settings, on_batch: Callable[[IngestStats], None] | None = None, max_records: int | None = None
 ) -> IngestStats:
-    if settings.source.type == "file" and not settings.source.path:
+    if isinstance(settings.source, FileSourceConfig) and not settings.source.path:
         from connector.core.errors import ConfigError
 
         raise ConfigError("source.path: set the replay file (config file or CDCLAKE_SOURCE__PATH)")
@@ -85,7 +92,7 @@ def run_ingest(
 
     backpressure = settings.quotas.policy == "backpressure"
     if settings.compaction.between_batches:
-        user_on_batch, compacted = on_batch, {}
+        user_on_batch, compacted = on_batch, dict[str, int]()
 
         def on_batch(stats: IngestStats) -> None:  # noqa: F811 - wraps the caller's hook
             touched = [t for t, n in stats.accepted.items() if compacted.get(t) != n]
@@ -95,9 +102,10 @@ def run_ingest(
             if user_on_batch:
                 user_on_batch(stats)
 
+    job = IngestJob(catalog, settings.catalog.namespace, settings.decoder(), settings.source.batch_size, gate, on_batch)
     src = settings.source
-    stream = None
-    if src.type == "eventhubs" and src.eventhubs_mode == "spark":
+    stream: tuple[type, dict[str, str], Any] | None = None
+    if isinstance(src, EventHubsSourceConfig) and src.eventhubs_mode == "spark":
         from connector.sources import checkpoint_mirror
         from connector.sources.eventhubs import EventHubsDataSource, load_reader
 
@@ -105,7 +113,7 @@ def run_ingest(
         load_reader(src.reader, src.eventhubs_options()).partition_ids()
 
         stream = (EventHubsDataSource, src.eventhubs_options(), checkpoint_mirror(src))
-    elif src.type in ("kafka", "eventhubs-kafka") and src.kafka_mode == "spark":
+    elif isinstance(src, KafkaSourceConfig | EventHubsKafkaSourceConfig) and src.kafka_mode == "spark":
         from connector.sources.kafka import GroupOffsetsMirror
         from connector.sources.kafka_stream import KafkaDataSource
 
@@ -116,33 +124,12 @@ def run_ingest(
 
         source_cls, options, mirror = stream
         try:
-            return ingest_spark_stream(
-                get_spark(settings),
-                source_cls,
-                options,
-                catalog,
-                settings.catalog.namespace,
-                settings.decoder(),
-                src.batch_size,
-                gate,
-                on_batch,
-                mirror,
-            )
+            return ingest_spark_stream(get_spark(settings), source_cls, options, job, mirror)
         finally:
             if hasattr(mirror, "close"):
                 mirror.close()
     with load_source(settings.source) as source:
-        return ingest(
-            source,
-            catalog,
-            settings.catalog.namespace,
-            settings.decoder(),
-            settings.source.batch_size,
-            on_batch,
-            max_records,
-            gate,
-            make_room if backpressure else None,
-        )
+        return ingest(source, job, max_records, make_room if backpressure else None)
 
 
 def compaction_enabled(settings: Settings, table: str) -> bool:

@@ -168,8 +168,8 @@ def after_json(after: pa.StructArray) -> tuple[pa.Array, pa.Array, pa.Array]:
             parts += [close + ("{" if k == 0 else ",") + name + ":" + q, text]
             close = q
         after_text = pc.binary_join_element_wise(*parts, close + "}", "")
-        types = "{" + ",".join(f'{name}:"{spark}"' for name, *_, spark in columns) + "}"
-        return after_text, pc.if_else(pc.is_valid(after), types, _NULL_TEXT), bad
+        one_type = "{" + ",".join(f'{name}:"{spark}"' for name, *_, spark in columns) + "}"
+        return after_text, pc.if_else(pc.is_valid(after), one_type, _NULL_TEXT), bad
     values, types = [], []
     for name, col, text, quoted, spark in columns:
         if quoted:

@@ -359,7 +359,7 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     connector, lsn = _column(source, "connector", (pa.string(),)), _column(source, "lsn", (pa.int64(),))
     table_text, src_ts = _column(source, "table", (pa.string(),)), _column(source, "ts_ms", (pa.int64(),))
     marker = _column(source, "snapshot", (pa.string(), pa.bool_(), pa.int64()))
-    if any(c is None for c in (connector, lsn, table_text, src_ts, marker)):
+    if connector is None or lsn is None or table_text is None or src_ts is None or marker is None:
         return {}
 
     is_d = pc.equal(op, "d")

@@ -147,15 +147,33 @@ def _caps(gate: QuotaGate | None, sink: str) -> dict[str, int]:
     return gate.caps(sink[: -len(LOG_SUFFIX)])
 
 
+@dataclass
+class IngestJob:
+    """What an ingest run writes to and how: the namespace's tables (created on first use),
+    the decoder, the records per commit, the quota gate and the progress hook (called with
+    the stats once a batch is committed)."""
+
+    catalog: Catalog
+    namespace: str
+    decoder: Decoder
+    batch_size: int
+    gate: QuotaGate | None = None
+    on_batch: Callable[[IngestStats], None] | None = None
+
+
+@dataclass
+class _Run:
+    """One run of a job: its open tables and its running figures."""
+
+    job: IngestJob
+    sinks: Sinks
+    stats: IngestStats = field(default_factory=IngestStats)
+
+
 def ingest(
     source: Source,
-    catalog: Catalog,
-    namespace: str,
-    decoder: Decoder,
-    batch_size: int,
-    on_batch: Callable[[IngestStats], None] | None = None,
+    job: IngestJob,
     max_records: int | None = None,
-    gate: QuotaGate | None = None,
     make_room: Callable[[list[str]], dict[str, dict[str, int]]] | None = None,
 ) -> IngestStats:
     """Ingest until the source is caught up (or `max_records` were read).
@@ -166,32 +184,28 @@ def ingest(
     compacted once the other partitions are caught up, and the run resumes; it raises when
     a paused partition made no progress.
     """
-    sinks = Sinks(catalog, namespace)
+    run = _Run(job, Sinks(job.catalog, job.namespace))
     try:
         with batch_gc():
-            return _ingest(source, sinks, decoder, batch_size, on_batch, max_records, gate, make_room)
+            return _ingest(source, run, max_records, make_room)
     finally:
-        sinks.close()
+        run.sinks.close()
 
 
 def _ingest(
     source: Source,
-    sinks: Sinks,
-    decoder: Decoder,
-    batch_size: int,
-    on_batch: Callable[[IngestStats], None] | None,
+    run: _Run,
     max_records: int | None,
-    gate: QuotaGate | None,
     make_room: Callable[[list[str]], dict[str, dict[str, int]]] | None,
 ) -> IngestStats:
-    stats = IngestStats()
+    sinks, stats, gate = run.sinks, run.stats, run.job.gate
     stuck: dict[tuple[str, str], int] = {}
     while True:
         # Every table has accounted for everything below the resume positions; a pass
         # only ever records what it read itself on top of them.
         stats.positions = sinks.resume_positions()
         source.seek(stats.positions)
-        _one_pass(source, sinks, decoder, batch_size, stats, on_batch, max_records, gate, make_room is None)
+        _one_pass(source, run, max_records, fail_fast=make_room is None)
         # Tables that received nothing lately still record how far the run got, so the next
         # run does not re-read from their older positions.
         for name, held in list(sinks.positions.items()):
@@ -210,17 +224,8 @@ def _ingest(
         gate.reset(make_room(tables))
 
 
-def _one_pass(
-    source: Source,
-    sinks: Sinks,
-    decoder: Decoder,
-    batch_size: int,
-    stats: IngestStats,
-    on_batch: Callable[[IngestStats], None] | None,
-    max_records: int | None,
-    gate: QuotaGate | None,
-    fail_fast: bool,
-) -> None:
+def _one_pass(source: Source, run: _Run, max_records: int | None, fail_fast: bool) -> None:
+    stats, batch_size, on_batch = run.stats, run.job.batch_size, run.job.on_batch
     queued: IngestStats | None = None  # the stats as of the batch whose appends are queued
 
     def settled() -> None:  # that batch is committed: its positions go to the source, its stats to the hook
@@ -237,11 +242,11 @@ def _one_pass(
         batch = source.poll_batch(limit)
         if not len(batch):
             break
-        refused = _ingest_batch(batch, sinks, decoder, stats, gate, settled)
+        refused = _ingest_batch(batch, run, settled)
         queued = copy.deepcopy(stats)
         if refused and fail_fast:
             break
-    sinks.settle()
+    run.sinks.settle()
     settled()
     if refused and fail_fast:
         raise QuotaExceededError(refused)
@@ -256,19 +261,13 @@ def _per_stream(rows: pa.Table, **aggregates: tuple[str, str]) -> dict[str, dict
     return {s: {name: cols[name][i] for name in aggregates} for i, s in enumerate(grouped["_stream"].to_pylist())}
 
 
-def _ingest_batch(
-    batch: RecordBatch,
-    sinks: Sinks,
-    decoder: Decoder,
-    stats: IngestStats,
-    gate: QuotaGate | None = None,
-    settled: Callable[[], None] = lambda: None,
-) -> list:
+def _ingest_batch(batch: RecordBatch, run: _Run, settled: Callable[[], None] = lambda: None) -> list:
     """Decodes one batch while the previous one's appends run; once they are committed, calls
     `settled` and queues this batch's appends to every table it touches. Returns the quota
     refusals."""
+    sinks, stats, gate = run.sinks, run.stats, run.job.gate
     now = datetime.now(UTC)
-    decoded = decode_batch(decoder, batch, now)
+    decoded = decode_batch(run.job.decoder, batch, now)
     sinks.settle()
     settled()
     events = {table: Rows.concat(parts) for table, parts in decoded.events.items()}
@@ -278,7 +277,7 @@ def _ingest_batch(
             if pc.any(over).as_py():
                 for record in batch.records(rows.idx.filter(over).to_pylist()):
                     decoded.letters[table].append(
-                        DeadLetter(record, table, "size", gate.oversize(table, record.nbytes))
+                        DeadLetter(record, table, "size", gate.oversize(table, record.nbytes) or "over the size limit")
                     )
                 events[table] = rows.keep(pc.invert(over))
     for table, letters in decoded.letters.items():
@@ -331,16 +330,7 @@ def _ingest_batch(
 
 
 def ingest_spark_stream(
-    spark: Any,
-    source: type,
-    options: Mapping[str, str],
-    catalog: Catalog,
-    namespace: str,
-    decoder: Decoder,
-    batch_size: int,
-    gate: QuotaGate | None = None,
-    on_batch: Callable[[IngestStats], None] | None = None,
-    mirror: Any = None,
+    spark: Any, source: type, options: Mapping[str, str], job: IngestJob, mirror: Any = None
 ) -> IngestStats:
     """A PySpark streaming data source (`source`, run with availableNow): every micro-batch goes
     through the same decode -> admit -> log append as `ingest`, from the tables' positions.
@@ -348,15 +338,16 @@ def ingest_spark_stream(
     the committed positions into the source's tooling."""
     from connector.sources.spark_stream import run_available_now
 
-    sinks = Sinks(catalog, namespace)
-    stats = IngestStats(positions=sinks.resume_positions())
+    sinks = Sinks(job.catalog, job.namespace)
+    run = _Run(job, sinks, IngestStats(positions=sinks.resume_positions()))
+    stats, gate, on_batch = run.stats, job.gate, job.on_batch
     failure: list[BaseException] = []
 
     def on_records(records: list[SourceRecord]) -> None:
         try:
-            for i in range(0, len(records), batch_size):
-                chunk = records[i : i + batch_size]
-                refused = _ingest_batch(RecordBatch.of(chunk), sinks, decoder, stats, gate)
+            for i in range(0, len(records), job.batch_size):
+                chunk = records[i : i + job.batch_size]
+                refused = _ingest_batch(RecordBatch.of(chunk), run)
                 sinks.settle()
                 if mirror is not None:
                     capped = {s for (_, s) in (gate.paused if gate else {})}

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from connector.core.errors import ConnectorError
+
+if TYPE_CHECKING:
+    from quotas.admit import Refusal
 
 
 class QuotaConfigError(ConnectorError):
@@ -10,6 +15,6 @@ class QuotaConfigError(ConnectorError):
 class QuotaExceededError(ConnectorError):
     """A partition would exceed its tier's compacted size. Nothing of it was committed."""
 
-    def __init__(self, refusals: list[Refusal]):  # noqa: F821 - defined in quotas.admit
+    def __init__(self, refusals: list[Refusal]):
         self.refusals = refusals
         super().__init__("; ".join(r.message() for r in refusals))

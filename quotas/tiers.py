@@ -8,6 +8,7 @@ events (and batches) may be 256 KB on Basic and 1 MB elsewhere.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 KB, MB, GB = 1024, 1024**2, 1024**3
 
@@ -34,7 +35,8 @@ class TierQuota:
 
     def with_overrides(self, **overrides: int | None) -> TierQuota:
         """A per-table variant; None values leave the tier's figure."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        given: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+        return replace(self, **given)
 
 
 TIERS: dict[str, TierQuota] = {

@@ -94,7 +94,7 @@ class FileSourceConfig(_SourceBase):
     topic: str | None = Field(None, description="topic for file lines that carry none")
 
 
-_STARTING = Field(
+_STARTING: Any = Field(
     "earliest",
     description="where a partition with no committed position starts: earliest, latest, a "
     "sequence number / offset, or an enqueued time (ISO 8601)",

@@ -16,7 +16,8 @@ from connector.core.records import SourceRecord
 
 if TYPE_CHECKING:
     from connector.batch import RecordBatch
-    from connector.core.config import SourceConfig
+    from connector.core.config import EventHubsSourceConfig, SourceConfig
+    from connector.sources.eventhubs import CheckpointMirror
 
 
 def initial_position(starting: str | int | datetime, low: int, high: int, at_time: Callable[[datetime], int]) -> int:
@@ -28,6 +29,8 @@ def initial_position(starting: str | int | datetime, low: int, high: int, at_tim
         return high
     if isinstance(starting, int):
         return min(max(starting, low), high)
+    if isinstance(starting, str):
+        raise ValueError(f"starting position {starting!r}: earliest, latest, a number or a time")
     return at_time(starting)
 
 
@@ -60,11 +63,13 @@ class Source(ABC):
 
 
 def load_source(config: SourceConfig) -> Source:
-    if config.type == "file":
+    from connector.core.config import EventHubsSourceConfig, FileSourceConfig
+
+    if isinstance(config, FileSourceConfig):
         from connector.sources.file import FileSource
 
-        return FileSource(config.path, default_topic=config.topic)
-    if config.type in ("kafka", "eventhubs-kafka"):
+        return FileSource(config.path or "", default_topic=config.topic)  # no path: "no such file"
+    if not isinstance(config, EventHubsSourceConfig):
         from connector.sources.kafka import KafkaSource
 
         return KafkaSource(
@@ -75,20 +80,18 @@ def load_source(config: SourceConfig) -> Source:
             config.fail_on_data_loss,
             config.unavailable_timeout_seconds,
         )
-    if config.type == "eventhubs":
-        from connector.sources.eventhubs import EventHubsSource, load_reader
+    from connector.sources.eventhubs import EventHubsSource, load_reader
 
-        options = config.eventhubs_options()
-        return EventHubsSource(
-            load_reader(config.reader, options),
-            options["event_hub"],
-            config.starting_position,
-            checkpoint_mirror(config),
-        )
-    raise ValueError(f"source.type={config.type!r}: unknown (supported: file, kafka, eventhubs-kafka, eventhubs)")
+    options = config.eventhubs_options()
+    return EventHubsSource(
+        load_reader(config.reader, options),
+        options["event_hub"],
+        config.starting_position,
+        checkpoint_mirror(config),
+    )
 
 
-def checkpoint_mirror(config: SourceConfig):
+def checkpoint_mirror(config: EventHubsSourceConfig) -> CheckpointMirror | None:
     """A CheckpointMirror on the configured blob container, or None."""
     if not config.checkpoint_connection_string:
         return None
@@ -99,6 +102,6 @@ def checkpoint_mirror(config: SourceConfig):
     options = config.eventhubs_options()
     fqns = options["connection_string"].split("Endpoint=sb://", 1)[-1].split("/", 1)[0].split(";", 1)[0]
     store = BlobCheckpointStore.from_connection_string(
-        config.checkpoint_connection_string.get_secret_value(), config.checkpoint_container
+        config.checkpoint_connection_string.get_secret_value(), config.checkpoint_container or ""
     )
     return CheckpointMirror(store, fqns, options["event_hub"], config.consumer_group)

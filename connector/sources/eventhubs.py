@@ -187,7 +187,7 @@ class EventHubsSource(Source):
             end = self.reader.end_sequence_number(pid)
             self._end[pid] = max(end, 0)
             self._next[pid] = (
-                positions.get(stream)
+                positions[stream]
                 if stream in positions
                 else initial_sequence_number(self.reader, pid, self.starting, self._end[pid])
             )
@@ -288,7 +288,7 @@ class EventHubsStreamReader(DataSourceStreamReader):  # type: ignore[misc]
             if int(e) > int(start.get(pid, 0))
         ]
 
-    def read(self, partition: EventHubsPartition) -> Iterator[tuple]:
+    def read(self, partition: EventHubsPartition) -> Iterator[tuple]:  # type: ignore[override]  # Spark passes ours
         nxt = partition.start
         while nxt < partition.end:
             events = self.reader.read(partition.pid, nxt, min(1000, partition.end - nxt))

@@ -90,7 +90,7 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
                 parts.append(KafkaPartition(topic, int(p), s, int(e)))
         return parts
 
-    def read(self, partition: KafkaPartition) -> Iterator[tuple]:
+    def read(self, partition: KafkaPartition) -> Iterator[tuple]:  # type: ignore[override]  # Spark passes ours
         c = Consumer(
             {**self.settings, "group.id": "cdclake-reader", "enable.auto.commit": False, "enable.partition.eof": True}
         )
@@ -105,14 +105,15 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
                         f"{self.timeout:g}s although the batch ends at {partition.end}"
                     )
                 for m in msgs:
-                    if m.error() is not None:
-                        if m.error().code() == KafkaError._PARTITION_EOF:
+                    error, offset = m.error(), m.offset()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
                             continue
-                        raise SourceError(f"{partition.topic}:{partition.partition}: {m.error().str()}")
-                    if m.offset() >= partition.end:
+                        raise SourceError(f"{partition.topic}:{partition.partition}: {error.str()}")
+                    if offset is None or offset >= partition.end:
                         nxt = partition.end
                         break
-                    nxt = m.offset() + 1
+                    nxt = offset + 1
                     yield row_of(KafkaSource._to_record(m))
         finally:
             c.close()

@@ -54,7 +54,7 @@ def records_from_rows(rows: Sequence[Any]) -> list[SourceRecord]:
 
 
 def run_available_now(
-    spark: Any, source: type, options: Mapping[str, str], on_records: Callable[[list[SourceRecord]], None]
+    spark: Any, source: type[DataSource], options: Mapping[str, str], on_records: Callable[[list[SourceRecord]], None]
 ) -> None:
     """Runs the streaming data source `source` to the end offsets it sees at start, handing
     each micro-batch's records, in log order, to `on_records`."""
@@ -90,6 +90,6 @@ def _unwrap(e: Exception) -> Exception:
 
     m = re.search(r"connector\.core\.errors\.(\w+): ([^\n]*)", str(e))
     cls = getattr(errors, m.group(1), None) if m else None
-    if isinstance(cls, type) and issubclass(cls, errors.ConnectorError) and cls is not errors.DecodeError:
+    if m and isinstance(cls, type) and issubclass(cls, errors.ConnectorError) and cls is not errors.DecodeError:
         return cls(m.group(2))
     return e

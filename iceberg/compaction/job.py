@@ -29,12 +29,12 @@ from datetime import UTC, datetime
 from functools import reduce
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import LessThanOrEqual
+from pyiceberg.expressions import BooleanExpression, LessThanOrEqual
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from connector.core.faults import crash_point
-from connector.core.ordering import Truncate, newest_truncate
+from connector.core.ordering import Ordering, Truncate, newest_truncate
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
 from iceberg.compaction.retain import purge_predicate
@@ -83,21 +83,28 @@ def range_filter(ranges: list[CleanRange]) -> str:
     return " OR ".join(one(r) for r in ranges)
 
 
+def _json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
 def _has_rows(catalog: Catalog, name: str) -> bool:
     snapshot = catalog.load_table(name).current_snapshot()
-    return snapshot is not None and int(snapshot.summary.additional_properties.get("total-records", 1)) > 0
+    summary = snapshot.summary if snapshot is not None else None
+    return summary is not None and int(summary.additional_properties.get("total-records", 1)) > 0
+
+
+def _expired_by(now: datetime) -> BooleanExpression:
+    # pyiceberg's expressions take (term, literal); the pydantic mypy plugin reads them as keyword-only
+    return LessThanOrEqual("expires_at", now.isoformat())  # type: ignore[call-arg,misc]
 
 
 def _may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
     """Whether a data file of the tombstones may hold one expired by `now` (by the files'
     `expires_at` bounds in the manifests, without reading a row)."""
-    return any(
-        True
-        for _ in catalog.load_table(name).scan(row_filter=LessThanOrEqual("expires_at", now.isoformat())).plan_files()
-    )
+    return any(True for _ in catalog.load_table(name).scan(row_filter=_expired_by(now)).plan_files())
 
 
-def _round_truncates(dirty: DataFrame, ordering: str) -> tuple[Truncate | None, int]:
+def _round_truncates(dirty: DataFrame, ordering: Ordering) -> tuple[Truncate | None, int]:
     """The newest truncate of the round, and how many it has."""
     rows = (
         dirty.where(F.col("op") == "t")
@@ -266,7 +273,7 @@ class Round:
         ordered = (
             self.narrow if held_rows is None else self.narrow.unionByName(held_rows.select(*winners.ORDER_COLUMNS))
         )
-        bounds = reduce(dedupe.merge_bounds, [r.bounds for r in self.ranges])
+        bounds = reduce(dedupe.merge_bounds, [r.bounds for r in self.ranges if r.bounds is not None])
         if held_rows is not None:
             bounds = dedupe.merge_bounds(
                 bounds,
@@ -392,11 +399,10 @@ class Round:
         catalog, names, report = self.catalog, self.names, self.report
         writes.state_source(self.changes, self.columns).createOrReplaceTempView("cdclake_changes")
         points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
-        compact_json = {"separators": (",", ":")}
         props = {
-            CLEANER_POINTS_PROPERTY: json.dumps(dict(sorted(points.items())), **compact_json),
-            STATS_PROPERTY: json.dumps(report.summary()["ranges"], **compact_json),
-            STALE_PROPERTY: json.dumps(dict(sorted(report.stale_reasons.items())), **compact_json),
+            CLEANER_POINTS_PROPERTY: _json(dict(sorted(points.items()))),
+            STATS_PROPERTY: _json(report.summary()["ranges"]),
+            STALE_PROPERTY: _json(dict(sorted(report.stale_reasons.items()))),
             **({TRUNCATE_PROPERTY: self.table_truncate.to_json()} if self.table_truncate else {}),
         }
         meta = [n for n, _ in META_COLUMNS]

@@ -53,11 +53,15 @@ def plan_columns(existing: dict[str, str], signatures: Iterable[str], max_new: i
     signatures, taken in sorted order: a signature that a column cannot hold (a type Iceberg
     cannot promote to, a name that differs from another only in case, a metadata column's
     name, more than `max_new` new columns in the round) is refused whole."""
-    columns, add, widen, refused = dict(existing), {}, {}, {}
+    columns, add, widen = dict(existing), dict[str, str](), dict[str, str]()
+    refused: dict[str, str] = {}
     by_lower = {c.lower(): c for c in columns}
     for sig in sorted(signatures):
         types = json.loads(sig)
-        trial, trial_add, trial_widen, why = {}, {}, {}, None
+        trial: dict[str, str] = {}
+        trial_add: dict[str, str] = {}
+        trial_widen: dict[str, str] = {}
+        why: str | None = None
         for col, t in types.items():
             held = trial.get(col, columns.get(col))
             if col in META_NAMES:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -84,7 +85,7 @@ class _Dirty:
     cleanable_events: int = 0
     bounds: dict | None = None
     truncates: int = 0
-    segments: list[Segment] = field(default_factory=list)
+    segments: list[Segment | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -164,13 +165,14 @@ def _non_decreasing(keys: np.ndarray) -> bool:
     return bool(np.all(d[np.arange(len(d)), first] >= 0))
 
 
-def in_order(segments: list[Segment | None]) -> bool:
+def in_order(segments: Sequence[Segment | None]) -> bool:
     """Whether a stream's segments, taken together, are in order (unknown: no)."""
-    if any(s is None for s in segments):
+    known = [s for s in segments if s is not None]
+    if len(known) < len(segments):
         return False
     carry: tuple | None = None
     high = None
-    for s in sorted(segments, key=lambda s: s.seq_min):  # type: ignore[union-attr]
+    for s in sorted(known, key=lambda s: s.seq_min):
         if not s.ordered or (high is not None and s.seq_min <= high):
             return False
         high = s.seq_max
@@ -214,14 +216,15 @@ def stream_stats(
     streams = sorted(set(committed_positions(log)) | set(points))
     if not streams:
         return []
-    dirty = GreaterThanOrEqual("sequence_number", min(points.get(s, 0) for s in streams))
+    # pyiceberg's expressions take (term, literal); the pydantic mypy plugin reads them as keyword-only
+    dirty = GreaterThanOrEqual("sequence_number", min(points.get(s, 0) for s in streams))  # type: ignore[call-arg,misc]
     # A stream's cleanable range ends before its first event younger than min_compaction_lag
     # (files without one are skipped by their enqueued_time bounds); a naive `now` is UTC.
     cutoff = (now if now.tzinfo else now.replace(tzinfo=UTC)) - policy.min_compaction_lag
     young: dict[str, int] = {}
     for rows in _chunks(
         log.scan(
-            row_filter=And(dirty, GreaterThan("enqueued_time", cutoff.isoformat())),
+            row_filter=And(dirty, GreaterThan("enqueued_time", cutoff.isoformat())),  # type: ignore[call-arg,misc]
             selected_fields=("topic", "partition", "sequence_number"),
         ),
         chunk_rows,
@@ -240,7 +243,15 @@ def stream_stats(
     out = []
     for stream, d in totals.items():
         point = points.get(stream, 0)
-        end = young.get(stream, d.max_seq + 1 if d.events else point)
+        end = young.get(stream, d.max_seq + 1 if d.max_seq is not None else point)
+        planned: dict[str, Any] = {}
+        if bounds:
+            empty = log.schema().select(*columns).as_arrow().empty_table()
+            planned = {
+                "bounds": d.bounds or _bounds(empty, policy)["bounds"],
+                "truncates": d.truncates,
+                "monotone": in_order(d.segments),
+            }
         out.append(
             StreamStats(
                 stream=stream,
@@ -252,16 +263,7 @@ def stream_stats(
                 first_dirty_time=d.first_time,
                 dirty_events=d.events,
                 cleanable_events=d.cleanable_events,
-                **(
-                    {
-                        "bounds": d.bounds
-                        or _bounds(log.schema().select(*columns).as_arrow().empty_table(), policy)["bounds"],
-                        "truncates": d.truncates,
-                        "monotone": in_order(d.segments),
-                    }
-                    if bounds
-                    else {}
-                ),
+                **planned,
             )
         )
     return out

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
+from connector.core.ordering import Ordering
 from iceberg.compaction import dedupe
 from iceberg.layouts import META_COLUMNS
 
@@ -59,17 +60,24 @@ def with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> DataF
     )
 
 
-def frame_bounds(frame: DataFrame, position: Column, partition: Column, seq: Column, ordering: str) -> dict:
+def _first(frame: DataFrame) -> Row:
+    """The one row of an aggregation (a global aggregate always has one)."""
+    row = frame.first()
+    assert row is not None
+    return row
+
+
+def frame_bounds(frame: DataFrame, position: Column, partition: Column, seq: Column, ordering: Ordering) -> dict:
     """The packing bounds of a frame of candidates (`dedupe.bounds_columns`)."""
     pos = position if ordering == "source" else F.lit(None).cast(dedupe.POSITION_TYPE)
-    return frame.agg(*dedupe.bounds_columns(pos, partition, seq)).first().asDict()
+    return _first(frame.agg(*dedupe.bounds_columns(pos, partition, seq))).asDict()
 
 
-def general(candidates: DataFrame, dirty: DataFrame, ordering: str) -> tuple[DataFrame, DataFrame, int, int]:
+def general(candidates: DataFrame, dirty: DataFrame, ordering: Ordering) -> tuple[DataFrame, DataFrame, int, int]:
     """The general route: the ordering rule's window and sort (winners with their payload)."""
     ranked = dedupe.rank(candidates, ordering)
     winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
-    totals = winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")).first()
+    totals = _first(winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")))
     winners = with_payload(winners, dirty, broadcast=totals["n"] <= BROADCAST_WINNERS)
     return winners, ranked, totals["n"], totals["stale"] or 0
 
@@ -80,7 +88,7 @@ def newest(
     held_rows: DataFrame | None,
     dirty: DataFrame,
     packing: dedupe.Packing | None,
-    ordering: str,
+    ordering: Ordering,
     multi_topic: bool,
     step: Callable[[str], None],
 ) -> tuple[DataFrame, DataFrame | None, int, int]:

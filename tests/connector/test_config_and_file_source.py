@@ -82,7 +82,7 @@ def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(set
     value: the line's bytes, reason `source`); every good record before and after it is in
     the log, and a rerun adds nothing."""
     from connector.debezium import Decoder
-    from connector.pipeline import ingest
+    from connector.pipeline import IngestJob, ingest
     from iceberg.catalog import load_catalog
 
     def good(i):
@@ -105,7 +105,7 @@ def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(set
     f.write_bytes(b"\n".join(lines) + b"\n")
     catalog, ns = load_catalog(settings), settings.catalog.namespace
     for _ in range(2):
-        ingest(FileSource(f), catalog, ns, Decoder(), batch_size=batch)
+        ingest(FileSource(f), IngestJob(catalog, ns, Decoder(), batch))
     log = catalog.load_table((ns, "things__log")).scan().to_arrow()
     assert sorted(log["sequence_number"].to_pylist()) == [0, 1, 2]
     dead = catalog.load_table((ns, "dump__dead_letters")).scan().to_arrow().to_pylist()

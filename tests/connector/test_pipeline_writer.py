@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from connector.debezium import Decoder
-from connector.pipeline import Sinks, ingest
+from connector.pipeline import IngestJob, Sinks, ingest
 from connector.sources.file import FileSource
 from iceberg.catalog import load_catalog
 from iceberg.layouts import LOG_SCHEMA
@@ -65,7 +65,7 @@ def test_source_offsets_and_progress_follow_the_iceberg_commits(settings, tmp_pa
         rows = catalog.load_table((ns, "things__log")).scan(selected_fields=("offset",)).to_arrow().num_rows
         progress.append((stats.records, stats.accepted["things"], rows))
 
-    stats = ingest(source, catalog, ns, Decoder(), batch_size=10, on_batch=on_batch)
+    stats = ingest(source, IngestJob(catalog, ns, Decoder(), 10, on_batch=on_batch))
     assert stats.records == 25
     assert progress == [(10, 10, 10), (20, 20, 20), (25, 25, 25)]  # each batch reported once it is in the table
     assert [p for p, _ in source.seen] == [{"db.public.things:0": n} for n in (10, 20, 25)]
@@ -131,13 +131,13 @@ def test_a_failure_at_any_step_loses_nothing_and_the_rerun_adds_each_record_once
     _hits.clear()
     monkeypatch.setenv(FAIL_ENV, point)
     try:
-        ingest(FileSource(path), catalog, ns, Decoder(), batch_size=5)
+        ingest(FileSource(path), IngestJob(catalog, ns, Decoder(), 5))
         failed = False
     except InjectedFailure:
         failed = True
     monkeypatch.delenv(FAIL_ENV)
     assert failed, f"{point} was never reached"
-    ingest(FileSource(path), catalog, ns, Decoder(), batch_size=5)
-    ingest(FileSource(path), catalog, ns, Decoder(), batch_size=5)  # a replay adds nothing
+    ingest(FileSource(path), IngestJob(catalog, ns, Decoder(), 5))
+    ingest(FileSource(path), IngestJob(catalog, ns, Decoder(), 5))  # a replay adds nothing
     want = sorted((d["topic"], d["partition"], d["offset"]) for d in map(json.loads, lines))
     assert _held(catalog, ns) == want

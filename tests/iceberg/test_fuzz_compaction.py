@@ -11,7 +11,7 @@ import pytest
 
 from connector.core.records import ChangeEvent
 from connector.debezium import Decoder
-from connector.pipeline import ingest
+from connector.pipeline import IngestJob, ingest
 from connector.sources import Source
 from iceberg.catalog import load_catalog
 from iceberg.layouts import source_tables
@@ -55,7 +55,7 @@ def test_a_fuzzed_stream_ingests_and_compacts_without_losing_or_blocking_anythin
         )
     catalog, ns = load_catalog(settings), settings.catalog.namespace
     for _ in range(2):  # the second run finds everything held
-        ingest(ListSource(records), catalog, ns, Decoder({"customers": ["id"]}), batch_size=400)
+        ingest(ListSource(records), IngestJob(catalog, ns, Decoder({"customers": ["id"]}), 400))
     names = [n for _, n in catalog.list_tables(ns)]
     held: Counter = Counter()
     for name in names:
