@@ -16,6 +16,7 @@ from connector.core.config import (
     KafkaSourceConfig,
     Settings,
 )
+from connector.debezium import decoder_for
 from connector.pipeline import IngestJob, IngestStats, ingest
 from connector.sources import load_source
 from iceberg.catalog import load_catalog
@@ -102,7 +103,9 @@ def run_ingest(
             if user_on_batch:
                 user_on_batch(stats)
 
-    job = IngestJob(catalog, settings.catalog.namespace, settings.decoder(), settings.source.batch_size, gate, on_batch)
+    job = IngestJob(
+        catalog, settings.catalog.namespace, decoder_for(settings), settings.source.batch_size, gate, on_batch
+    )
     src = settings.source
     stream: tuple[type, dict[str, str], Any] | None = None
     if isinstance(src, EventHubsSourceConfig) and src.eventhubs_mode == "spark":

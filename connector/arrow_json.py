@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from connector.debezium import KeyFormat, key_text_or_none
+from connector.keys import KeyFormat, key_text_or_none
 
 _NULL_TEXT = pa.scalar(None, pa.string())
 _SPARK_TYPES = {pa.int64(): "bigint", pa.float64(): "double", pa.bool_(): "boolean", pa.string(): "string"}

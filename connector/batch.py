@@ -29,7 +29,8 @@ from connector.arrow_json import _NULL_TEXT, after_json, json_objects, key_texts
 from connector.core.errors import DecodeError
 from connector.core.ordering import SNAPSHOT_MARKERS
 from connector.core.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
-from connector.debezium import RESERVED_COLUMNS, Decoder, _source_table
+from connector.debezium import Decoder, _source_table
+from connector.limits import RESERVED_COLUMNS
 from iceberg.layouts import DEAD_LETTER_SCHEMA, LOG_SCHEMA, UTC_TS
 
 # A source's records as columns: the log's own types, the key as the raw bytes.

@@ -10,44 +10,26 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal, DecimalException
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
+from connector.core.config import Settings
 from connector.core.errors import DecodeError
 from connector.core.ordering import INT64_MAX, INT64_MIN, is_snapshot, source_position
 from connector.core.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
-from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA
+from connector.keys import KeyFormat, canonical, key_text
+from connector.limits import DecodeLimits, check_image, out_of_range, parse_value
 
 OPS = frozenset("cudrt")
 MAX_TOPICS = 10_000  # bound of the learned topic -> table map
 MAX_DECIMAL_PRECISION = 38  # Spark's and Iceberg's
-# names the state and tombstone tables give their own columns: an after-image cannot use them
-RESERVED_COLUMNS = frozenset(name for name, _ in META_COLUMNS + TOMBSTONE_EXTRA)
 UNROUTABLE = "unroutable"  # the dead letters of records whose topic names no usable table
-
-
-@dataclass(frozen=True)
-class DecodeLimits:
-    """What one event may hold; an event over a limit is a dead letter (reason `limit`), so
-    no single record can exhaust the process or the table's metadata."""
-
-    max_depth: int = 64  # nesting of the value's JSON
-    max_columns: int = 1_000  # after-image columns
-    max_name_length: int = 128  # a column's name
-    max_table_name_length: int = 100  # a table's name (its files' directory names carry it)
-    max_value_bytes: int = 16 << 20  # a record's value, before it is parsed
-
-
-_LONG_NUMBER = re.compile(rb"\d{19,}")  # an integer that may be outside the 64-bit range
-
 _EPOCH = datetime(1970, 1, 1)
 _TABLE_CHARS = re.compile(r"[^a-z0-9_]+")
 
@@ -67,13 +49,6 @@ _PRIMITIVE = {
     "string": "string",
     "bytes": "binary",
 }
-
-
-def canonical(value: Any) -> str:
-    """A stable text form of a key: compact JSON with sorted fields; bare strings as-is."""
-    if isinstance(value, str):
-        return value
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def table_name(text: str, max_length: int = DecodeLimits.max_table_name_length) -> str:
@@ -205,78 +180,6 @@ def _normalise(after: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tu
     return _inferred(after)
 
 
-def _check_image(after: Mapping[str, Any], limits: DecodeLimits) -> None:
-    """Column names a table can hold, and not too many of them (reasons `schema`, `limit`)."""
-    if len(after) > limits.max_columns:
-        raise DecodeError(
-            "limit",
-            f"the after-image has {len(after)} columns, over the limit of {limits.max_columns} (limits.max_columns)",
-        )
-    seen: dict[str, str] = {}
-    for col in after:
-        if not col or not col.strip():
-            raise DecodeError("schema", "a column has an empty name")
-        if len(col) > limits.max_name_length:
-            raise DecodeError(
-                "limit",
-                f"column {col[:40]!r}... has a name of {len(col)} characters, over the limit "
-                f"of {limits.max_name_length} (limits.max_name_length)",
-            )
-        if col in RESERVED_COLUMNS:
-            raise DecodeError("schema", f"column {col!r} has the name of a metadata column of the state table")
-        other = seen.setdefault(col.lower(), col)
-        if other != col:
-            raise DecodeError(
-                "schema",
-                f"columns {other!r} and {col!r} differ only in case (Spark and Iceberg "
-                "resolve names case-insensitively)",
-            )
-
-
-def _depth(doc: Any) -> int:
-    """The nesting depth of a parsed JSON value (iterative: no recursion limit)."""
-    deepest, stack = 0, [(doc, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            v = v.values()
-        elif not isinstance(v, list):
-            continue
-        deepest = max(deepest, d)
-        stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
-    return deepest
-
-
-def _out_of_range(doc: Any) -> int | None:
-    """An integer anywhere in the value outside the 64-bit range, if any."""
-    stack = [doc]
-    while stack:
-        v = stack.pop()
-        if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
-            return v
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return None
-
-
-def parse_value(raw: bytes, limits: DecodeLimits) -> Any:
-    """The value's JSON, exactly: orjson reads an integer past 64 bits as a float, so a value
-    with long digit runs is read again by the standard library (exact integers; what is used
-    of them is range-checked where it is used). One nested deeper than `limits.max_depth` is
-    refused."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise DecodeError("json", f"value is not JSON ({e})") from None
-    if _LONG_NUMBER.search(raw):
-        doc = json.loads(raw)
-    if raw.count(b"[") + raw.count(b"{") > limits.max_depth and _depth(doc) > limits.max_depth:
-        raise DecodeError("limit", f"the value is nested deeper than {limits.max_depth} levels (limits.max_depth)")
-    return doc
-
-
 def _after_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     if not schema:
         return None
@@ -315,58 +218,6 @@ def _unwrap_flattened(payload: Mapping[str, Any]) -> dict[str, Any]:
         "source": source or None,
         "ts_ms": meta.get("ts_ms"),
     }
-
-
-KeyFormat = Literal["json", "text"]
-
-
-@lru_cache(maxsize=1 << 16)
-def _key_text(raw: bytes) -> str | None:
-    """The canonical text of a JSON record key (cached: keys repeat across a key's changes):
-    an object, bare or in JsonConverter's `{"schema", "payload"}` envelope; None for a JSON
-    null. Raises DecodeError (reason `key`) for anything else: Debezium keys are objects, and
-    a topic keyed both `{"id":5}` and `id=5` must not hold two rows for one primary key."""
-    try:
-        key = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise DecodeError(
-            "key", f"record key is not JSON ({e}); Debezium keys are JSON objects, or set source.key_format = 'text'"
-        ) from None
-    if isinstance(key, dict) and len(key) == 2 and "schema" in key and "payload" in key:
-        key = key["payload"]
-    if key is None:
-        return None
-    if type(key) is not dict:
-        raise DecodeError(
-            "key",
-            f"record key is a JSON {type(key).__name__}, not an object; Debezium keys are "
-            "JSON objects, or set source.key_format = 'text'",
-        )
-    return canonical(key)
-
-
-def _text_key(raw: bytes) -> str:
-    """A text key (Event Hubs' partition key), exactly as sent."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DecodeError("key", f"record key is not UTF-8 text ({e})") from None
-
-
-def key_text(raw: bytes, key_format: KeyFormat) -> str | None:
-    return _key_text(raw) if key_format == "json" else _text_key(raw)
-
-
-def key_text_or_none(key_format: KeyFormat) -> Callable[[bytes], str | None]:
-    """`key_text` with None for a key that is not valid (the per-record route then names why)."""
-
-    def one(raw: bytes) -> str | None:
-        try:
-            return key_text(raw, key_format)
-        except DecodeError:
-            return None
-
-    return one
 
 
 @lru_cache(maxsize=MAX_TOPICS)
@@ -476,8 +327,8 @@ class Decoder:
         if type(after) is not dict:
             raise DecodeError("envelope", f"op {op!r} without an 'after' image")
         key = self._key(record, table, after)
-        _check_image(after, self.limits)
-        big = _out_of_range(after)
+        check_image(after, self.limits)
+        big = out_of_range(after)
         if big is not None:
             raise DecodeError("value", f"integer {big} is outside the 64-bit range")
         values, types = _normalise(after, _after_schema(schema)) if schema else _inferred(after)
@@ -498,3 +349,12 @@ class Decoder:
         if key is None:
             raise DecodeError("no-key", "tombstone without a key cannot delete anything")
         return ChangeEvent(record=record, table=self._route(record.topic, None), key=key, op="d", tombstone=True)
+
+
+def decoder_for(settings: Settings) -> Decoder:
+    """The decoder the settings describe: key fields, key format, limits."""
+    lim = settings.limits
+    limits = DecodeLimits(
+        lim.max_depth, lim.max_columns, lim.max_name_length, lim.max_table_name_length, lim.max_value_bytes
+    )
+    return Decoder(settings.key_fields(), settings.source.keys, limits)

@@ -383,19 +383,6 @@ class Settings(BaseSettings):
     def warehouse(self) -> str:
         return self.catalog.warehouse or (self.root / "warehouse").as_uri()
 
-    def decoder(self):
-        """The decoder these settings describe (key fields, key format, limits)."""
-        from connector.debezium import DecodeLimits, Decoder
-
-        lim = self.limits
-        return Decoder(
-            self.key_fields(),
-            self.source.keys,
-            DecodeLimits(
-                lim.max_depth, lim.max_columns, lim.max_name_length, lim.max_table_name_length, lim.max_value_bytes
-            ),
-        )
-
     def key_fields(self) -> dict[str, list[str]]:
         return {t: c.key_fields for t, c in self.tables.items() if c.key_fields}
 

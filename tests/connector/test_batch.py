@@ -296,7 +296,7 @@ def test_key_texts_are_the_canonical_key_texts(raw_keys):
     """Arrow's keys equal the per-record route's, and are null exactly where that route
     refuses the key (not JSON, not an object) or has none (JSON null)."""
     from connector.arrow_json import key_texts
-    from connector.debezium import key_text_or_none
+    from connector.keys import key_text_or_none
 
     assert key_texts(pa.array(raw_keys, pa.binary())).to_pylist() == list(map(key_text_or_none("json"), raw_keys))
 
@@ -320,7 +320,7 @@ def test_key_texts_are_the_canonical_key_texts(raw_keys):
 )
 def test_key_formats(raw, json_key, text_key):
     from connector.arrow_json import key_texts
-    from connector.debezium import key_text_or_none
+    from connector.keys import key_text_or_none
 
     for fmt, want in (("json", json_key), ("text", text_key)):
         assert key_text_or_none(fmt)(raw) == want

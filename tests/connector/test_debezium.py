@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from connector.core.records import ChangeEvent, DeadLetter, SourceRecord
-from connector.debezium import Decoder, canonical
+from connector.debezium import Decoder
+from connector.keys import canonical
 
 T = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from connector.app import policy_of, run_ingest
 from connector.core.config import Settings
+from connector.debezium import decoder_for
 from connector.sources.file import parse_line
 from iceberg.catalog import load_catalog
 from iceberg.compaction.job import compact
@@ -58,7 +59,7 @@ def offsets_by_key(settings: Settings, name: str) -> dict[str, str]:
 
 
 def decoded(path: Path, settings: Settings):
-    d = settings.decoder()
+    d = decoder_for(settings)
     return [d.decode(parse_line(json.loads(line))) for line in path.read_text().splitlines() if line.strip()]
 
 
