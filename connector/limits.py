@@ -31,7 +31,9 @@ class DecodeLimits:
     max_value_bytes: int = 16 << 20  # a record's value, before it is parsed
 
 
-_LONG_NUMBER = re.compile(rb"\d{19,}")  # an integer that may be outside the 64-bit range
+# A digit run that may be an integer outside the 64-bit range (20 digits, or 19 from 92...):
+# orjson reads such an integer as a float. Shorter runs (a 19-digit `ts_ns`) read exactly.
+_LONG_NUMBER = re.compile(rb"\d{20}|9[2-9]\d{17}")
 
 
 def check_image(after: Mapping[str, Any], limits: DecodeLimits) -> None:
