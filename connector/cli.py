@@ -204,9 +204,13 @@ class _Table(Table):
     cells wrap between words; where that does not fit the console (a narrow terminal, a log),
     `_show` prints each row as `column: value` lines instead."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cells: list[list[str]] = []
+
     def add_row(self, *cells, **kwargs) -> None:  # type: ignore[override]
         super().add_row(*cells, **kwargs)
-        self.cells = getattr(self, "cells", []) + [[str(c) for c in cells]]
+        self.cells.append([str(c) for c in cells])
         for column, cell in zip(self.columns, cells):
             words = [len(w) for w in str(cell).split()] + [len(w) for w in str(column.header).split()]
             column.min_width = max([column.min_width or 0, *words])
@@ -217,7 +221,7 @@ def _show(table: Table) -> None:
         console.print(table)
         return
     console.print(Text(str(table.title or "")), style="bold")
-    for row in getattr(table, "cells", []):
+    for row in table.cells if isinstance(table, _Table) else []:
         for column, cell in zip(table.columns, row):
             console.print(Text(f"  {column.header}: {cell}"), soft_wrap=True)
         console.print()

@@ -65,9 +65,9 @@ def table_name(text: str, max_length: int = DecodeLimits.max_table_name_length) 
     return name
 
 
-def topic_table(topic: str) -> str:
+def topic_table(topic: str, max_length: int = DecodeLimits.max_table_name_length) -> str:
     """Debezium names topics `<prefix>.<schema>.<table>`: the last segment is the table."""
-    return table_name(topic.rsplit(".", 1)[-1])
+    return table_name(topic.rsplit(".", 1)[-1], max_length)
 
 
 def _ts_micros(micros: int) -> str:
@@ -278,7 +278,7 @@ class Decoder:
             table = _source_table(source["table"], self.limits.max_table_name_length)
             self.learn(topic, table)
             return table
-        return self._topic_tables.get(topic) or table_name(topic.rsplit(".", 1)[-1], self.limits.max_table_name_length)
+        return self._topic_tables.get(topic) or topic_table(topic, self.limits.max_table_name_length)
 
     def _record_key(self, record: SourceRecord) -> str | None:
         return None if record.key is None else key_text(record.key, self.key_format)

@@ -82,7 +82,7 @@ META_COLUMNS = [
 ]
 TOMBSTONE_EXTRA = [("deleted_at", "timestamp"), ("expires_at", "timestamp")]
 # A stale event: who it is, where it was in the log, and why it was ignored
-# (`iceberg.compaction.dedupe.STALE_REASONS`).
+# (docs/semantics.md, Stale events).
 STALE_COLUMNS = [
     ("_key", "string"),
     ("_topic", "string"),

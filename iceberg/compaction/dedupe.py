@@ -49,14 +49,18 @@ def order_struct(position: Column, snapshot: Column, partition: Column, seq: Col
     )
 
 
+def candidate_order(ordering: Ordering) -> Column:
+    """`order_struct` over a candidate's own columns."""
+    return order_struct(
+        F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering
+    )
+
+
 def literal_order(position: list[int] | None, snapshot: bool, partition: int, seq: int, ordering: Ordering) -> Column:
     pos = (
         F.array(*[F.lit(int(x)) for x in position]).cast(POSITION_TYPE) if position else F.lit(None).cast(POSITION_TYPE)
     )
     return order_struct(pos, F.lit(bool(snapshot)), F.lit(int(partition)), F.lit(int(seq)), ordering)
-
-
-STALE_REASONS = ("older_than_state", "older_than_tombstone", "snapshot_after_stream", "older_than_truncate")
 
 
 def rank(candidates: DataFrame, ordering: Ordering) -> DataFrame:
@@ -76,9 +80,7 @@ def rank(candidates: DataFrame, ordering: Ordering) -> DataFrame:
         candidates = candidates.withColumn("_source_position", F.coalesce(position, F.max(position).over(upto)))
     ranked = candidates.withColumn(
         "_o",
-        order_struct(
-            F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering
-        ),
+        candidate_order(ordering),
     )
     before = F.max(F.struct(F.col("_o").alias("o"), F.col("_op").alias("op"), F.col("_snapshot").alias("snap"))).over(
         in_log_order.rowsBetween(Window.unboundedPreceding, -1)

@@ -224,13 +224,7 @@ class Round:
         if marker is not None:
             ordered = self.events.withColumn(
                 "_o",
-                dedupe.order_struct(
-                    F.col("_source_position"),
-                    F.col("_snapshot"),
-                    F.col("_partition_id"),
-                    F.col("_sequence_number"),
-                    ordering,
-                ),
+                dedupe.candidate_order(ordering),
             )
             older = dedupe.older_than_truncate(marker, ordering)
             if ordering == "source":  # a position-less change is judged by the position it carries
@@ -323,12 +317,13 @@ class Round:
                 )
                 for f in found
             ],
-        ).localCheckpoint(eager=True)
+        )
+        # the counts first (one job; usually none), the rows only when there are some
         reasons = {r["reason"]: r["n"] for r in rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
         self.report.stale_reasons, self.report.stale = reasons, sum(reasons.values())
         if not self.report.stale:
             return
-        self.stale_rows = rows
+        self.stale_rows = rows.localCheckpoint(eager=True)
         for reason, n in reasons.items():
             STALE.labels(self.names.table, reason).inc(n)
         log.warning(

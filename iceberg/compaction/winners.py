@@ -140,9 +140,7 @@ def newest(
         winners = winners.unionByName(kept.select(*dedupe.CANDIDATE_COLUMNS))
     winners = winners.withColumn(
         "_o",
-        dedupe.order_struct(
-            F.col("_source_position"), F.col("_snapshot"), F.col("_partition_id"), F.col("_sequence_number"), ordering
-        ),
+        dedupe.candidate_order(ordering),
     ).withColumn("_stale", F.lit(0).cast("bigint"))
     if not counts["irr"]:
         return winners, None, counts["n"], 0
