@@ -5,19 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from connector.core.config import (
-    EventHubsKafkaSourceConfig,
-    EventHubsSourceConfig,
-    FileSourceConfig,
-    KafkaSourceConfig,
-    Settings,
-)
+from connector.core.config import FileSourceConfig, Settings
 from connector.debezium import decoder_for
-from connector.pipeline import IngestJob, IngestStats, ingest
+from connector.pipeline import IngestJob, IngestStats
 from connector.sources import load_source
 from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import CompactionPolicy
@@ -106,33 +99,11 @@ def run_ingest(
     job = IngestJob(
         catalog, settings.catalog.namespace, decoder_for(settings), settings.source.batch_size, gate, on_batch
     )
-    src = settings.source
-    stream: tuple[type, dict[str, str], Any] | None = None
-    if isinstance(src, EventHubsSourceConfig) and src.eventhubs_mode == "spark":
-        from connector.sources import checkpoint_mirror
-        from connector.sources.eventhubs import EventHubsDataSource, load_reader
+    from connector.pipeline import ingest
+    from iceberg.spark import get_spark
 
-        # reached from the driver first: an unreachable namespace is one clear line, not a Spark stack
-        load_reader(src.reader, src.eventhubs_options()).partition_ids()
-
-        stream = (EventHubsDataSource, src.eventhubs_options(), checkpoint_mirror(src))
-    elif isinstance(src, KafkaSourceConfig | EventHubsKafkaSourceConfig) and src.kafka_mode == "spark":
-        from connector.sources.kafka import GroupOffsetsMirror
-        from connector.sources.kafka_stream import KafkaDataSource
-
-        stream = (KafkaDataSource, src.kafka_stream_options(), GroupOffsetsMirror(src.kafka_settings(), src.group_id))
-    if stream is not None:
-        from connector.pipeline import ingest_spark_stream
-        from iceberg.spark import get_spark
-
-        source_cls, options, mirror = stream
-        try:
-            return ingest_spark_stream(get_spark(settings), source_cls, options, job, mirror)
-        finally:
-            if hasattr(mirror, "close"):
-                mirror.close()
     with load_source(settings.source) as source:
-        return ingest(source, job, max_records, make_room if backpressure else None)
+        return ingest(get_spark(settings), source, job, max_records, make_room if backpressure else None)
 
 
 def compaction_enabled(settings: Settings, table: str) -> bool:

@@ -33,10 +33,16 @@ from connector.debezium import Decoder, _source_table
 from connector.limits import RESERVED_COLUMNS
 from iceberg.layouts import DEAD_LETTER_SCHEMA, LOG_SCHEMA, UTC_TS
 
+# Headers as Kafka (and Spark's Kafka source) give them: repeated names and binary values kept.
+HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 # A source's records as columns: the log's own types, the key as the raw bytes.
 RECORD_SCHEMA = pa.schema(
     [
-        pa.field("key", pa.binary()) if n == "key" else LOG_SCHEMA.field(n)
+        pa.field("key", pa.binary())
+        if n == "key"
+        else pa.field("headers", HEADERS_TYPE)
+        if n == "headers"
+        else LOG_SCHEMA.field(n)
         for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value", "headers")
     ]
 )
@@ -44,10 +50,25 @@ FAST_OPS = pa.array(["c", "u", "d", "r"])
 _SCALARS = (pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.null())
 
 
-def _headers(r: SourceRecord) -> str | None:
-    if not r.headers:
-        return None
-    return orjson.dumps({k: (v.decode("utf-8", "replace") if v is not None else None) for k, v in r.headers}).decode()
+def _headers(r: SourceRecord) -> list[dict] | None:
+    return [{"key": k, "value": v} for k, v in r.headers] if r.headers else None
+
+
+def headers_text(headers: pa.Array) -> pa.Array:
+    """The log's `headers` column: a JSON object of name -> text (values read as UTF-8)."""
+    if headers.null_count == len(headers):
+        return pa.nulls(len(headers), pa.string())
+    return pa.array(
+        [
+            orjson.dumps(
+                {h["key"]: None if h["value"] is None else h["value"].decode("utf-8", "replace") for h in hs}
+            ).decode()
+            if hs
+            else None
+            for hs in headers.to_pylist()
+        ],
+        pa.string(),
+    )
 
 
 def streams_of(table: pa.Table) -> pa.Array:
@@ -64,7 +85,7 @@ def at_or_after(table: pa.Table, floors: Mapping[str, int]) -> pa.Array:
 
 
 class RecordBatch:
-    """Records as Arrow columns (`RECORD_SCHEMA`, headers as JSON text); row i is record i.
+    """Records as Arrow columns (`RECORD_SCHEMA`); row i is record i.
     Sources that deliver `SourceRecord`s are wrapped with `of`; `records` materialises rows
     only where a record object is needed (the per-record decoder, dead letters)."""
 
@@ -120,10 +141,13 @@ class RecordBatch:
         return {s: q + 1 for s, q in zip(top["s"].to_pylist(), top["q_max"].to_pylist())}
 
 
-def _header_pairs(text: str | None) -> tuple[tuple[str, bytes | None], ...]:
-    if not text:
-        return ()
-    return tuple((k, v.encode() if v is not None else None) for k, v in orjson.loads(text).items())
+def _first_header_is(headers: pa.Array, name: str) -> pa.Array:
+    """Per record: its first header is `name` (how a source marks a record it could not read)."""
+    return pa.array([bool(hs) and hs[0]["key"] == name for hs in headers.to_pylist()], pa.bool_())
+
+
+def _header_pairs(headers: list[dict] | None) -> tuple[tuple[str, bytes | None], ...]:
+    return tuple((h["key"], h["value"]) for h in headers) if headers else ()
 
 
 @dataclass
@@ -166,7 +190,8 @@ def _take(data: pa.Table | pa.Array | pa.ChunkedArray, idx: pa.Array):
 def _with_record_columns(batch: RecordBatch, idx: pa.Array, columns: dict[str, pa.Array], now: datetime) -> pa.Table:
     """Log rows: the batch's own columns for rows `idx` (ascending), plus the decoded `columns`."""
     rows = _take(batch.table, idx)
-    own = {n: rows[n] for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "value", "headers")}
+    own = {n: rows[n] for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "value")}
+    own["headers"] = headers_text(rows["headers"].combine_chunks())
     own["payload_bytes"] = _take(batch.nbytes, idx)
     own["ingested_at"] = pa.repeat(pa.scalar(now, UTC_TS), len(idx))
     merged = {**own, **columns}
@@ -213,7 +238,9 @@ DECODE_THREADS = min(4, os.cpu_count() or 1)
 DECODE_CHUNK = 20_000  # records; smaller chunks cost more in per-call overhead than threads save
 
 
-def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime, chunk: int = DECODE_CHUNK) -> Decoded:
+def decode_batch(
+    decoder: Decoder, batch: RecordBatch, now: datetime, chunk: int = DECODE_CHUNK, threads: int = DECODE_THREADS
+) -> Decoded:
     """Log rows per table and dead letters, exactly as `decoder.decode` would give them in
     log order (the decoder's topic -> table map is learned in that order too). A topic's
     records take the Arrow route in chunks of at least `chunk`, on `DECODE_THREADS` threads."""
@@ -225,7 +252,7 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime, chunk: int
     )
     headers = batch.table["headers"].combine_chunks()
     if headers.null_count < len(headers):  # a record a source could not read is a dead letter as it is
-        unread = pc.match_substring(headers, f'"{SOURCE_ERROR_HEADER}"').fill_null(False)
+        unread = _first_header_is(headers, SOURCE_ERROR_HEADER)
         candidate = pc.and_(candidate, pc.invert(unread))
     topics = batch.table["topic"].combine_chunks()
     taken: list[pa.Array] = []
@@ -233,14 +260,14 @@ def decode_batch(decoder: Decoder, batch: RecordBatch, now: datetime, chunk: int
     work = []
     for topic in pc.unique(topics.filter(candidate)).to_pylist():
         idx = pc.indices_nonzero(pc.and_(candidate, pc.equal(topics, topic))).cast(pa.int64())
-        step = max(chunk, -(-len(idx) // DECODE_THREADS))
+        step = max(chunk, -(-len(idx) // threads))
         work += [(topic, idx.slice(i, step)) for i in range(0, len(idx), step)]
 
     def fast(item: tuple[str, pa.Array]) -> dict[str, Rows]:
         return _fast_topic(decoder, batch, item[1], now)
 
-    if len(work) > 1:
-        with ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="decode") as pool:
+    if len(work) > 1 and threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="decode") as pool:
             found = list(pool.map(fast, work))
     else:
         found = list(map(fast, work))

@@ -37,11 +37,16 @@ def committed_positions(table: Table) -> dict[str, int]:
     return {k: int(v) for k, v in json.loads(raw).items()} if raw else {}
 
 
+def summary_properties(positions: Mapping[str, int]) -> dict[str, str]:
+    """The snapshot summary entries that record `positions`."""
+    return {POSITIONS_PROPERTY: json.dumps(dict(sorted(positions.items())), separators=(",", ":"))}
+
+
 def append_with_positions(
     table: Table, rows: pa.Table, positions: Mapping[str, int], crash_tag: str = "ingest"
 ) -> None:
     """Append `rows` (possibly none) and record `positions` in the same snapshot."""
-    props = {POSITIONS_PROPERTY: json.dumps(dict(sorted(positions.items())), separators=(",", ":"))}
+    props = summary_properties(positions)
     with table.transaction() as tx:
         tx.append(rows.cast(table.schema().as_arrow()), snapshot_properties=props)
         crash_point(f"{crash_tag}.before-commit")  # data files written, nothing committed

@@ -8,7 +8,6 @@ Every error names the offending key.
 from __future__ import annotations
 
 import contextvars
-import json
 import os
 import re
 import tomllib
@@ -111,19 +110,6 @@ class _KafkaCommon(_SourceBase):
     )
     unavailable_timeout_seconds: float = Field(60.0, gt=0, description="broker unreachable this long: fail")
     kafka: dict[str, str] = Field(default_factory=dict, description="extra librdkafka settings")
-    kafka_mode: Literal["spark", "driver"] = Field(
-        "spark", description="spark: Spark Structured Streaming (executors read partitions); driver: one consumer"
-    )
-
-    def kafka_stream_options(self) -> dict[str, str]:
-        """Options of the Kafka streaming data source (hold the secret)."""
-        return {
-            "kafka_settings": json.dumps(self.kafka_settings()),
-            "topics": json.dumps(self.topics),
-            "starting_position": starting_text(self.starting_position),
-            "fail_on_data_loss": str(self.fail_on_data_loss).lower(),
-            "unavailable_timeout_seconds": str(self.unavailable_timeout_seconds),
-        }
 
     def kafka_settings(self) -> dict[str, str]:
         """librdkafka settings (hold the secret)."""
@@ -199,9 +185,6 @@ class EventHubsSourceConfig(_SourceBase):
     event_hub: str | None = Field(None, description="event hub name; default the EntityPath")
     consumer_group: str = "$Default"
     starting_position: Literal["earliest", "latest"] | int | datetime = _STARTING
-    eventhubs_mode: Literal["spark", "driver"] = Field(
-        "spark", description="spark: a PySpark streaming data source, executors read partitions in parallel"
-    )
     reader: str = Field("connector.sources.eventhubs:sdk_reader", description="module:factory of the reader")
     reader_options: dict[str, str] = Field(default_factory=dict)
     checkpoint_connection_string: SecretStr | None = Field(

@@ -1,8 +1,13 @@
-"""Sources deliver SourceRecords; `load_source` picks one from the configuration.
+"""Sources: where records come from; `load_source` picks one from the configuration.
 
 A source never decides what is committed: the pipeline seeks it to the positions recovered
 from the Iceberg tables, and calls `commit` after each Iceberg commit only to mirror the
 positions into the source's own tooling (consumer groups, blob checkpoints).
+
+A source plans bounded batches on the driver (offset ranges per partition, byte
+ranges of a file: metadata only) and gives each as a Spark DataFrame of raw records
+(`RAW_COLUMNS`) that the executors read: Spark's own Kafka source for Kafka and Event
+Hubs' Kafka endpoint, PySpark Python data sources for Event Hubs AMQP and kcat dumps.
 """
 
 from __future__ import annotations
@@ -12,10 +17,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from connector.core.records import SourceRecord
-
 if TYPE_CHECKING:
-    from connector.batch import RecordBatch
+    from pyspark.sql import DataFrame, SparkSession
+
     from connector.core.config import EventHubsSourceConfig, SourceConfig
     from connector.sources.eventhubs import CheckpointMirror
 
@@ -34,26 +38,44 @@ def initial_position(starting: str | int | datetime, low: int, high: int, at_tim
     return at_time(starting)
 
 
+# Every source's records as Spark reads them: Spark's Kafka source's columns and header
+# type, the offset also as text (an Event Hubs offset is not the sequence number).
+RAW_COLUMNS = (
+    "topic string, partition int, offset string, sequence_number bigint, enqueued_time timestamp, "
+    "key binary, value binary, headers array<struct<key: string, value: binary>>"
+)
+
+
+def share(lags: Mapping[str, int], max_events: int) -> dict[str, int]:
+    """How many events each stream reads in the next batch: all of them if the lags fit in
+    `max_events`, else a share in proportion to each stream's lag (at least one), like
+    Spark's `maxOffsetsPerTrigger`."""
+    waiting = {s: n for s, n in lags.items() if n > 0}
+    total = sum(waiting.values())
+    if total <= max_events:
+        return waiting
+    return {s: max(1, n * max_events // total) for s, n in waiting.items()}
+
+
 class Source(ABC):
+    """A source Spark reads in bounded batches: `seek`, then `next_frame` until it gives None."""
+
     @abstractmethod
     def seek(self, positions: Mapping[str, int]) -> None:
-        """Start each stream (`topic:partition`) at its next sequence number."""
+        """Start each stream (`topic:partition`) at its next sequence number; read up to
+        the end each partition has now (like Spark's `availableNow`)."""
 
     @abstractmethod
-    def poll(self, max_records: int) -> list[SourceRecord]:
-        """Up to `max_records` records in log order per partition; [] when caught up."""
+    def next_frame(self, spark: SparkSession, max_events: int) -> DataFrame | None:
+        """The next batch of at most about `max_events` records (`RAW_COLUMNS`), or None
+        when caught up."""
 
-    def poll_batch(self, max_records: int) -> RecordBatch:
-        """`poll` as Arrow columns; sources that can read columns directly override it."""
-        from connector.batch import RecordBatch
-
-        return RecordBatch.of(self.poll(max_records))
-
-    def commit(self, positions: Mapping[str, int]) -> None:  # noqa: B027 - optional hook
-        """Mirror committed positions into the source's tooling (no-op by default)."""
+    def commit(self, last: Mapping[str, tuple[int, str]]) -> None:  # noqa: B027 - optional hook
+        """Mirror committed positions into the source's tooling: per stream, the sequence
+        number and offset of the last record committed."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release connections and files."""
+        """Release connections."""
 
     def __enter__(self) -> Source:
         return self
@@ -72,22 +94,12 @@ def load_source(config: SourceConfig) -> Source:
     if not isinstance(config, EventHubsSourceConfig):
         from connector.sources.kafka import KafkaSource
 
-        return KafkaSource(
-            config.kafka_settings(),
-            config.topics,
-            config.group_id,
-            config.starting_position,
-            config.fail_on_data_loss,
-            config.unavailable_timeout_seconds,
-        )
+        return KafkaSource(config)
     from connector.sources.eventhubs import EventHubsSource, load_reader
 
     options = config.eventhubs_options()
     return EventHubsSource(
-        load_reader(config.reader, options),
-        options["event_hub"],
-        config.starting_position,
-        checkpoint_mirror(config),
+        load_reader(config.reader, options), options, config.starting_position, checkpoint_mirror(config)
     )
 
 

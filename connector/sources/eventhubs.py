@@ -5,11 +5,9 @@ tested with the SDK's own `EventData` built from AMQP message bytes; `SdkPartiti
 is the thin adapter to `EventHubConsumerClient`, whose connection errors are tested against
 a closed loopback port and whose receive path is the only part the tests do not run.
 
-Two ways to run it:
-- `EventHubsSource`, a driver-side `Source` like the others;
-- `EventHubsDataSource`, a PySpark Python streaming data source (Spark 4): each Event Hubs
-  partition of a micro-batch is read by an executor in parallel; offsets are sequence
-  numbers per partition. `read_stream_into` drives it with `availableNow` and `foreachBatch`.
+`EventHubsSource` plans each batch on the driver (sequence-number ranges per partition, from
+the committed positions) and `EventHubsDataSource`, a PySpark Python data source, reads each
+partition's range on an executor.
 """
 
 from __future__ import annotations
@@ -22,10 +20,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from connector.core.config import starting_value
 from connector.core.errors import SourceError
 from connector.core.records import SourceRecord, stream_id
-from connector.sources import Source, initial_position
+from connector.sources import RAW_COLUMNS, Source, initial_position, share
 
 log = logging.getLogger(__name__)
 
@@ -163,61 +160,6 @@ def sdk_reader(options: Mapping[str, str]) -> PartitionReader:
     )
 
 
-class EventHubsSource(Source):
-    """Reads every partition from the committed position up to the end seen at seek time."""
-
-    def __init__(
-        self,
-        reader: PartitionReader,
-        event_hub: str,
-        starting_position: str | int | datetime = "earliest",
-        checkpoints: CheckpointMirror | None = None,
-        read_size: int = 1000,
-    ):
-        self.reader, self.event_hub, self.starting = reader, event_hub, starting_position
-        self.checkpoints, self.read_size = checkpoints, read_size
-        self._next: dict[str, int] = {}
-        self._end: dict[str, int] = {}
-        self._last_offset: dict[str, tuple[int, str]] = {}
-
-    def seek(self, positions: Mapping[str, int]) -> None:
-        self._next, self._end = {}, {}
-        for pid in self.reader.partition_ids():
-            stream = stream_id(self.event_hub, int(pid))
-            end = self.reader.end_sequence_number(pid)
-            self._end[pid] = max(end, 0)
-            self._next[pid] = (
-                positions[stream]
-                if stream in positions
-                else initial_sequence_number(self.reader, pid, self.starting, self._end[pid])
-            )
-
-    def poll(self, max_records: int) -> list[SourceRecord]:
-        out: list[SourceRecord] = []
-        for pid in sorted(self._next, key=int):
-            while len(out) < max_records and self._next[pid] < self._end[pid]:
-                want = min(self.read_size, max_records - len(out), self._end[pid] - self._next[pid])
-                events = self.reader.read(pid, self._next[pid], want)
-                if not events:
-                    raise SourceError(
-                        f"event hub {self.event_hub!r} partition {pid}: no events from sequence "
-                        f"number {self._next[pid]} although the partition ends at {self._end[pid]}; "
-                        "they may have expired (retention): check the hub's retention"
-                    )
-                for e in events:
-                    r = record_from_event(self.event_hub, pid, e)
-                    out.append(r)
-                    self._next[pid] = r.sequence_number + 1
-                    self._last_offset[r.stream] = (r.sequence_number, r.offset)
-        return out
-
-    def commit(self, positions: Mapping[str, int]) -> None:
-        if self.checkpoints is None:
-            return
-        done = {s: off for s, (seq, off) in self._last_offset.items() if positions.get(s) == seq + 1}
-        self.checkpoints.update({s: (positions[s] - 1, off) for s, off in done.items()})
-
-
 class CheckpointMirror:
     """Mirrors committed positions into a `BlobCheckpointStore`, so Azure tooling sees them."""
 
@@ -241,15 +183,64 @@ class CheckpointMirror:
                 log.warning("could not mirror checkpoint of %s to blob storage: %s", stream, e)
 
 
-# --- PySpark Python streaming data source -------------------------------------------------
+# --- Spark ------------------------------------------------------------------------------
 
-from connector.sources.spark_stream import (  # noqa: E402 - the Spark half of the module
-    EVENT_SCHEMA,
-    DataSource,
-    DataSourceStreamReader,
-    InputPartition,
-    row_of,
-)
+
+class EventHubsSource(Source):
+    """Event Hubs read by Spark: the driver plans sequence-number ranges per partition (from
+    the committed position, up to the end each partition had at seek time; at most about
+    `max_events` a batch, shared in proportion to each partition's lag); the
+    `cdclake-eventhubs` data source reads each partition's range on an executor."""
+
+    def __init__(
+        self,
+        reader: PartitionReader,
+        options: Mapping[str, str],
+        starting_position: str | int | datetime = "earliest",
+        checkpoints: CheckpointMirror | None = None,
+    ):
+        self.reader, self.options, self.event_hub = reader, dict(options), options["event_hub"]
+        self.starting, self.checkpoints = starting_position, checkpoints
+        self._next: dict[str, int] = {}
+        self._end: dict[str, int] = {}
+
+    def seek(self, positions: Mapping[str, int]) -> None:
+        self._next, self._end = {}, {}
+        for pid in self.reader.partition_ids():
+            stream = stream_id(self.event_hub, int(pid))
+            self._end[pid] = max(self.reader.end_sequence_number(pid), 0)
+            self._next[pid] = (
+                positions[stream]
+                if stream in positions
+                else initial_sequence_number(self.reader, pid, self.starting, self._end[pid])
+            )
+
+    def next_frame(self, spark: Any, max_events: int) -> Any:
+        nxt, end = self._next, self._end
+        ranges = {
+            pid: [nxt[pid], nxt[pid] + n] for pid, n in share({p: end[p] - nxt[p] for p in nxt}, max_events).items()
+        }
+        if not ranges:
+            return None
+        for pid, (_, stop) in ranges.items():
+            nxt[pid] = stop
+        spark.dataSource.register(EventHubsDataSource)
+        return (
+            spark.read.format(EventHubsDataSource.name())
+            .options(**self.options)
+            .option("ranges", json.dumps(ranges))
+            .load()
+        )
+
+    def commit(self, last: Mapping[str, tuple[int, str]]) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.update(last)
+
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+except ImportError:  # pragma: no cover - pyspark < 4
+    DataSource = DataSourceReader = InputPartition = object  # type: ignore[misc,assignment]
 
 
 class EventHubsPartition(InputPartition):  # type: ignore[misc]
@@ -257,62 +248,44 @@ class EventHubsPartition(InputPartition):  # type: ignore[misc]
         self.pid, self.start, self.end = pid, start, end
 
 
-class EventHubsStreamReader(DataSourceStreamReader):  # type: ignore[misc]
-    """Offsets are `{partition_id: next sequence number}`; `positions` option seeds them."""
+class EventHubsRangeReader(DataSourceReader):  # type: ignore[misc]
+    """Reads `ranges` ({partition id: [first, end) sequence numbers}) with the configured reader."""
 
     def __init__(self, options: Mapping[str, str]):
         self.options = dict(options)
         self.event_hub = self.options["event_hub"]
-        self.reader = load_reader(self.options.get("reader", f"{__name__}:sdk_reader"), self.options)
-        self.positions = json.loads(self.options.get("positions", "{}"))
+        self.ranges = json.loads(self.options["ranges"])
 
-    def initialOffset(self) -> dict:
-        starting = starting_value(self.options.get("starting_position", "earliest"))
-        out = {}
-        for pid in self.reader.partition_ids():
-            stream = stream_id(self.event_hub, int(pid))
-            out[pid] = (
-                int(self.positions[stream])
-                if stream in self.positions
-                else initial_sequence_number(self.reader, pid, starting, max(self.reader.end_sequence_number(pid), 0))
-            )
-        return out
+    def partitions(self) -> list:
+        return [EventHubsPartition(pid, start, end) for pid, (start, end) in sorted(self.ranges.items())]
 
-    def latestOffset(self) -> dict:
-        return {pid: max(self.reader.end_sequence_number(pid), 0) for pid in self.reader.partition_ids()}
+    def read(self, partition: EventHubsPartition) -> Iterator[Any]:  # type: ignore[override]  # Spark passes ours
+        from connector.batch import RecordBatch
 
-    def partitions(self, start: dict, end: dict) -> list:
-        return [
-            EventHubsPartition(pid, int(start.get(pid, 0)), int(e))
-            for pid, e in end.items()
-            if int(e) > int(start.get(pid, 0))
-        ]
-
-    def read(self, partition: EventHubsPartition) -> Iterator[tuple]:  # type: ignore[override]  # Spark passes ours
+        reader = load_reader(self.options.get("reader", f"{__name__}:sdk_reader"), self.options)
         nxt = partition.start
         while nxt < partition.end:
-            events = self.reader.read(partition.pid, nxt, min(1000, partition.end - nxt))
+            events = reader.read(partition.pid, nxt, min(1000, partition.end - nxt))
             if not events:
                 raise SourceError(
-                    f"event hub {self.event_hub!r} partition {partition.pid}: no events from "
-                    f"sequence number {nxt} (expected up to {partition.end})"
+                    f"event hub {self.event_hub!r} partition {partition.pid}: no events from sequence number "
+                    f"{nxt} although the batch ends at {partition.end}; they may have expired (retention): "
+                    "check the hub's retention"
                 )
-            for e in events:
-                r = record_from_event(self.event_hub, partition.pid, e)
-                nxt = r.sequence_number + 1
-                yield row_of(r)
-
-    def commit(self, end: dict) -> None:
-        """Nothing to do: the Iceberg log table's snapshot summary is the checkpoint."""
+            records = [record_from_event(self.event_hub, partition.pid, e) for e in events]
+            nxt = records[-1].sequence_number + 1
+            yield from RecordBatch.of(records).table.to_batches()
 
 
 class EventHubsDataSource(DataSource):  # type: ignore[misc]
+    """`spark.read.format("cdclake-eventhubs").option("ranges", ...)`: records of those ranges."""
+
     @classmethod
     def name(cls) -> str:
         return "cdclake-eventhubs"
 
     def schema(self) -> str:
-        return EVENT_SCHEMA
+        return RAW_COLUMNS
 
-    def streamReader(self, schema) -> EventHubsStreamReader:
-        return EventHubsStreamReader(self.options)
+    def reader(self, schema: Any) -> EventHubsRangeReader:
+        return EventHubsRangeReader(self.options)

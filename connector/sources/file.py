@@ -5,9 +5,11 @@ One JSON object per line: `topic`, `partition`, `offset`, `ts` (ms), `key`, `pay
 Hubs fields are used when present: `sequence_number`, `enqueued_time` (ISO text or ms),
 `partition_key` (preferred over `key`), and `offset` as the Event Hubs offset text.
 
-`poll_batch` reads plain kcat dumps (numeric offsets and ms timestamps, string key and
-payload, no headers) with Arrow's JSON reader, without a Python object per line; from the
-first block that does not fit that shape on, it continues with the per-line reader.
+The driver cuts the file into ranges of whole lines (`plan_ranges`: byte offsets and line
+numbers only); Spark reads them on the executors with the `cdclake-file` data source. A
+range of plain kcat lines (numeric offsets and ms timestamps, string key and payload, no
+headers) is read by Arrow's JSON reader, without a Python object per line; any other range
+line by line.
 
 A line that is not a kcat record (not JSON, truncated, an offset or time out of range) is a
 record of the file's own stream `cdclake.file.<file name stem>:0` whose offset is its line
@@ -17,10 +19,14 @@ a dead letter (reason `source`) of table `<stem>`, and the stream goes on.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import json
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -29,10 +35,7 @@ import pyarrow.json as pj
 
 from connector.core.errors import SourceError
 from connector.core.records import SOURCE_ERROR_HEADER, SourceRecord
-from connector.sources import Source
-
-if TYPE_CHECKING:
-    from connector.batch import RecordBatch
+from connector.sources import RAW_COLUMNS, Source
 
 # The plain kcat -J shape; the other fields must be absent (null) for the Arrow reader.
 _PLAIN = pa.schema(
@@ -53,7 +56,8 @@ _OTHER = pa.schema(
         ("partition_key", pa.string()),
     ]
 )
-_BLOCK = 8 << 20
+RANGE_BYTES = 8 << 20  # bytes of lines per range (one task of a Spark batch)
+MAX_LINE_BYTES = 64 << 20
 
 
 def _bytes(v: Any) -> bytes | None:
@@ -115,146 +119,233 @@ def parse_line(doc: Mapping[str, Any], default_topic: str | None = None) -> Sour
     )
 
 
-class FileSource(Source):
-    """Reads the whole file once; records below the seek positions are skipped."""
+def _bad_line(name: str, own_topic: str, n: int, line: bytes, e: Exception) -> SourceRecord:
+    why = (
+        f"{name}:{n}: not a kcat -J record ({type(e).__name__}: {e}); each line needs "
+        "topic (or source.topic), partition, offset, payload"
+    )
+    return SourceRecord(
+        own_topic, 0, str(n), n, datetime.now(UTC), None, line.rstrip(b"\r\n"), ((SOURCE_ERROR_HEADER, why.encode()),)
+    )
 
-    def __init__(self, path: str | Path, default_topic: str | None = None, max_line_bytes: int = 64 << 20):
-        self.path = Path(path)
-        self.max_line_bytes = max_line_bytes
-        if not self.path.is_file():
-            raise SourceError(f"source.path: no such file {str(self.path)!r}; give a kcat -J dump (JSON lines)")
-        self.default_topic = default_topic
-        self.seek({})
+
+@dataclass(frozen=True)
+class FileRange:
+    """`lines` whole lines from `first_line`, bytes [start, end) of a file: one task's share."""
+
+    path: str
+    start: int
+    end: int
+    first_line: int
+    lines: int
+
+
+def _cut(block: bytes, max_lines: int) -> list[bytes]:
+    """`block` (whole lines) in pieces of at most `max_lines` lines."""
+    out, pos = [], 0
+    while pos < len(block):
+        end = pos
+        for _ in range(max_lines):
+            j = block.find(b"\n", end)
+            end = len(block) if j < 0 else j + 1
+            if j < 0:
+                break
+        out.append(block[pos:end])
+        pos = end
+    return out
+
+
+def plan_ranges(path: Path, max_lines: int | None = None, target_bytes: int = RANGE_BYTES) -> list[FileRange]:
+    """The file cut at line ends into ranges of about `target_bytes` and at most `max_lines`
+    lines (one pass, one block in memory)."""
+    out: list[FileRange] = []
+    with path.open("rb") as f:
+        start, line = 0, 1
+        while True:
+            block = f.read(target_bytes)
+            if not block:
+                return out
+            if not block.endswith(b"\n"):
+                block += f.readline()
+            pieces = [block] if max_lines is None or block.count(b"\n") <= max_lines else _cut(block, max_lines)
+            for piece in pieces:
+                n = piece.count(b"\n") + (not piece.endswith(b"\n"))
+                out.append(FileRange(str(path), start, start + len(piece), line, n))
+                start, line = start + len(piece), line + n
+
+
+def read_range(r: FileRange, default_topic: str | None = None, max_line_bytes: int = MAX_LINE_BYTES) -> pa.Table:
+    """The records of a range (`RECORD_SCHEMA`), in file order. Plain kcat lines are read
+    with Arrow's JSON reader; a range that has any other line is read line by line."""
+    with Path(r.path).open("rb") as f:
+        f.seek(r.start)
+        data = f.read(r.end - r.start)
+    table = _plain(data, default_topic) if len(data) <= max_line_bytes else None  # else a line may be over
+    return table if table is not None else _lines(data, r, default_topic, max_line_bytes)
+
+
+def _lines(data: bytes, r: FileRange, default_topic: str | None, max_line_bytes: int) -> pa.Table:
+    """The range's records, line by line (`RECORD_SCHEMA`)."""
+    from connector.batch import RecordBatch
+
+    path = Path(r.path)
+    records = []
+    for n, line in enumerate(data.splitlines(keepends=True), r.first_line):
+        if not line.strip():
+            continue
+        try:
+            if len(line) > max_line_bytes:
+                raise ValueError(
+                    f"the line has {len(line):,} bytes, over the file source's limit of {max_line_bytes:,}"
+                )
+            records.append(parse_line(orjson.loads(line), default_topic))
+        except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, OverflowError, OSError) as e:
+            records.append(_bad_line(path.name, own_topic(path), n, line, e))
+    return RecordBatch.of(records).table
+
+
+def own_topic(path: Path) -> str:
+    """The topic of a file's own stream, where lines that are not records go."""
+    return f"cdclake.file.{path.stem}"
+
+
+def _plain(data: bytes, default_topic: str | None) -> pa.Table | None:
+    """Lines of the plain kcat -J shape as records (`RECORD_SCHEMA`), or None if any line is not."""
+    from connector.batch import RECORD_SCHEMA
+
+    if not data.strip():
+        return RECORD_SCHEMA.empty_table()
+    lines = data.count(b"\n") + (not data.endswith(b"\n"))
+    blank = data.count(b"\n\n") + data.startswith(b"\n")  # never more than there are
+    if data.startswith(b"{") + data.count(b"\n{") != lines - blank:
+        return None  # a line that is not an object (Arrow's reader crashes on a bare `null`)
+    try:
+        raw = pj.read_json(
+            pa.BufferReader(data),
+            read_options=pj.ReadOptions(block_size=max(len(data), 1 << 20)),
+            parse_options=pj.ParseOptions(
+                explicit_schema=pa.unify_schemas([_PLAIN, _OTHER]), unexpected_field_behavior="ignore"
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    topic = raw.column("topic")
+    partition, offset, ts = raw.column("partition"), raw.column("offset"), raw.column("ts")
+    if (
+        any(raw.column(f.name).null_count < raw.num_rows for f in _OTHER)
+        or partition.null_count
+        or offset.null_count
+        or pc.any(pc.equal(topic, "")).as_py()
+        or (topic.null_count and not default_topic)
+        or pc.min(offset).as_py() < 0
+        or pc.min(partition).as_py() < 0
+        or pc.max(partition).as_py() > INT32_MAX
+        or (ts.null_count < raw.num_rows and (pc.min(ts).as_py() < 0 or pc.max(ts).as_py() > _MAX_TS_MS))
+    ):
+        return None
+    topic = topic.fill_null(default_topic) if topic.null_count else topic
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    return pa.Table.from_arrays(
+        [
+            topic,
+            partition.cast(pa.int32()),
+            offset.cast(pa.string()),
+            offset,
+            pc.multiply(ts.fill_null(now_ms), 1000)
+            .cast(pa.timestamp("us"))
+            .cast(RECORD_SCHEMA.field("enqueued_time").type),
+            raw.column("key").cast(pa.binary()),
+            raw.column("payload").cast(pa.binary()),
+            pa.nulls(raw.num_rows, RECORD_SCHEMA.field("headers").type),
+        ],
+        schema=RECORD_SCHEMA,
+    )
+
+
+def _check_path(path: Path) -> Path:
+    if not path.is_file():
+        raise SourceError(f"source.path: no such file {str(path)!r}; give a kcat -J dump (JSON lines)")
+    return path
+
+
+class FileSource(Source):
+    """The dump read by Spark: ranges of lines, planned once per pass on the driver, read by
+    the `cdclake-file` data source on the executors, as many per batch as hold about the
+    batch's number of records."""
+
+    def __init__(self, path: str | Path, default_topic: str | None = None, max_line_bytes: int = MAX_LINE_BYTES):
+        self.path = _check_path(Path(path))
+        self.default_topic, self.max_line_bytes = default_topic, max_line_bytes
+        self._ranges: collections.deque[FileRange] | None = None
+        self._positions: dict[str, int] = {}
 
     def seek(self, positions: Mapping[str, int]) -> None:
         self._positions = dict(positions)
-        self._lines: Iterator[SourceRecord] | None = None
-        self._reader: Any = None
-        self._rest: pa.Table | None = None
-        self._mode, self._parsed = "arrow", 0  # then "lines" or "done"; lines the Arrow reader took
+        self._ranges = None
 
-    @property
-    def own_topic(self) -> str:
-        """The topic of the file's own stream, where lines that are not records go."""
-        return f"cdclake.file.{self.path.stem}"
-
-    def _records(self, skip: int = 0) -> Iterator[SourceRecord]:
-        with self.path.open("rb") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                if skip:
-                    skip -= 1
-                    continue
-                try:
-                    if len(line) > self.max_line_bytes:
-                        raise ValueError(
-                            f"the line has {len(line):,} bytes, over the file source's limit of {self.max_line_bytes:,}"
-                        )
-                    record = parse_line(orjson.loads(line), self.default_topic)
-                except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, OverflowError, OSError) as e:
-                    why = (
-                        f"{self.path.name}:{n}: not a kcat -J record ({type(e).__name__}: {e}); each line needs "
-                        "topic (or source.topic), partition, offset, payload"
-                    )
-                    record = SourceRecord(
-                        self.own_topic,
-                        0,
-                        str(n),
-                        n,
-                        datetime.now(UTC),
-                        None,
-                        line.rstrip(b"\r\n"),
-                        ((SOURCE_ERROR_HEADER, why.encode()),),
-                    )
-                if record.sequence_number >= self._positions.get(record.stream, 0):
-                    yield record
-
-    def poll(self, max_records: int) -> list[SourceRecord]:
-        if self._lines is None:
-            self._lines = self._records()
-        out = []
-        for record in self._lines:
-            out.append(record)
-            if len(out) >= max_records:
-                break
-        return out
-
-    def poll_batch(self, max_records: int) -> RecordBatch:
-        from connector.batch import RecordBatch
-
-        parts, n = [], 0
-        while self._mode == "arrow" and n < max_records:
-            block = self._rest if self._rest is not None else self._next_block()
-            self._rest = None
-            if block is None:
-                break
-            if block.num_rows > max_records - n:
-                block, self._rest = block.slice(0, max_records - n), block.slice(max_records - n)
-            parts.append(block)
-            n += block.num_rows
-        if self._mode == "lines" and n < max_records:
-            if self._lines is None:
-                self._lines = self._records(skip=self._parsed)
-            slow = RecordBatch.of(self.poll(max_records - n))
-            parts.append(slow.table)
-        return RecordBatch(pa.concat_tables(parts) if parts else RecordBatch.of([]).table)
-
-    def _next_block(self) -> pa.Table | None:
-        """The next block of records at or after the seek positions (in RECORD_SCHEMA), or
-        None at the end or when the rest of the file needs the per-line reader."""
-        from connector.batch import RECORD_SCHEMA, at_or_after
-
-        try:
-            if self._reader is None:
-                self._reader = pj.open_json(
-                    self.path,
-                    read_options=pj.ReadOptions(block_size=_BLOCK),
-                    parse_options=pj.ParseOptions(
-                        explicit_schema=pa.unify_schemas([_PLAIN, _OTHER]), unexpected_field_behavior="ignore"
-                    ),
-                )
-            raw = self._reader.read_next_batch()
-        except StopIteration:
-            self._mode = "done"
+    def next_frame(self, spark: Any, max_events: int) -> Any:
+        if self._ranges is None:  # at least two ranges a batch, for two tasks
+            self._ranges = collections.deque(plan_ranges(self.path, max(1, max_events // 2)))
+        take: list[FileRange] = []
+        while self._ranges and (not take or sum(r.lines for r in take) + self._ranges[0].lines <= max_events):
+            take.append(self._ranges.popleft())
+        if not take:
             return None
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            self._mode = "lines"
-            return None
-        topic = raw.column("topic")
-        partition, offset, ts = raw.column("partition"), raw.column("offset"), raw.column("ts")
-        if (
-            any(raw.column(f.name).null_count < raw.num_rows for f in _OTHER)
-            or partition.null_count
-            or offset.null_count
-            or pc.any(pc.equal(topic, "")).as_py()
-            or (topic.null_count and not self.default_topic)
-            or pc.min(offset).as_py() < 0
-            or pc.min(partition).as_py() < 0
-            or pc.max(partition).as_py() > INT32_MAX
-            or (ts.null_count < raw.num_rows and (pc.min(ts).as_py() < 0 or pc.max(ts).as_py() > _MAX_TS_MS))
-        ):
-            self._mode = "lines"
-            return None
-        topic = topic.fill_null(self.default_topic) if topic.null_count else topic
-        now_ms = int(datetime.now(UTC).timestamp() * 1000)
-        table = pa.Table.from_arrays(
-            [
-                topic,
-                raw.column("partition").cast(pa.int32()),
-                raw.column("offset").cast(pa.string()),
-                raw.column("offset"),
-                pc.multiply(raw.column("ts").fill_null(now_ms), 1000)
-                .cast(pa.timestamp("us"))
-                .cast(RECORD_SCHEMA.field("enqueued_time").type),
-                raw.column("key").cast(pa.binary()),
-                raw.column("payload").cast(pa.binary()),
-                pa.nulls(raw.num_rows, pa.string()),
-            ],
-            schema=RECORD_SCHEMA,
+        spark.dataSource.register(FileDataSource)
+        return (
+            spark.read.format(FileDataSource.name())
+            .option("ranges", json.dumps([dataclasses.astuple(r) for r in take]))
+            .option("default_topic", self.default_topic or "")
+            .option("max_line_bytes", str(self.max_line_bytes))
+            .option("positions", json.dumps(self._positions))
+            .load()
         )
-        self._parsed += raw.num_rows
-        return table.filter(at_or_after(table, self._positions)) if self._positions else table
 
 
-__all__ = ["FileSource", "parse_line"]
+# --- PySpark Python data source --------------------------------------------------------
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+except ImportError:  # pragma: no cover - pyspark < 4
+    DataSource = DataSourceReader = InputPartition = object  # type: ignore[misc,assignment]
+
+
+class _RangePartition(InputPartition):  # type: ignore[misc]
+    def __init__(self, r: FileRange):
+        self.range = r
+
+
+class FileRangeReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, options: Mapping[str, str]):
+        self.ranges = [FileRange(*r) for r in json.loads(options["ranges"])]
+        self.default_topic = options.get("default_topic") or None
+        self.max_line_bytes = int(options.get("max_line_bytes", MAX_LINE_BYTES))
+        self.positions = json.loads(options.get("positions", "{}"))
+
+    def partitions(self) -> list:
+        return [_RangePartition(r) for r in self.ranges]
+
+    def read(self, partition: _RangePartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        from connector.batch import at_or_after
+
+        table = read_range(partition.range, self.default_topic, self.max_line_bytes)
+        if self.positions:
+            table = table.filter(at_or_after(table, self.positions))
+        yield from table.to_batches(max_chunksize=10_000)
+
+
+class FileDataSource(DataSource):  # type: ignore[misc]
+    """`spark.read.format("cdclake-file").option("ranges", ...)`: records of kcat -J ranges."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "cdclake-file"
+
+    def schema(self) -> str:
+        return RAW_COLUMNS
+
+    def reader(self, schema: Any) -> FileRangeReader:
+        return FileRangeReader(self.options)
+
+
+__all__ = ["FileDataSource", "FileRange", "FileSource", "parse_line", "plan_ranges", "read_range"]

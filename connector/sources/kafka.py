@@ -1,24 +1,32 @@
-"""Kafka source (also Event Hubs through its Kafka endpoint), with confluent-kafka.
+"""Kafka source (also Event Hubs through its Kafka endpoint): Spark's own Kafka source reads
+the records; confluent-kafka on the driver reads metadata only.
 
-Partitions are assigned explicitly (no group rebalancing): the pipeline seeks every
-partition to the position recovered from the Iceberg tables; the consumer group's offsets
-are only written after each Iceberg commit, so lag tools see progress. A poll ends when
-every partition reached the end offset it had at seek time (one-shot, like Spark's
-`availableNow`); `cdclake run --every N` repeats it.
+The pipeline seeks every partition to the position recovered from the Iceberg tables; each
+batch is an offset range per partition, read by Spark up to the end offset each partition
+had at seek time (one-shot, like Spark's `availableNow`; `cdclake run --every N` repeats
+it). The consumer group's offsets are only written after each Iceberg commit, so lag tools
+see progress.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from connector.core.errors import SourceError
-from connector.core.records import SourceRecord, stream_id
-from connector.sources import Source, initial_position
+from connector.core.records import stream_id
+from connector.sources import Source, initial_position, share
+
+if TYPE_CHECKING:
+    from connector.core.config import EventHubsKafkaSourceConfig, KafkaSourceConfig
+
+    _KafkaConfig = KafkaSourceConfig | EventHubsKafkaSourceConfig
 
 log = logging.getLogger(__name__)
 METADATA_REFRESH_SECONDS = 10.0
@@ -53,7 +61,12 @@ def retrying(call, timeout: float, what: str):
             delay = min(delay * 2, 5.0)
 
 
-class KafkaSource(Source):
+class KafkaOffsets:
+    """The driver's view of the topics (confluent-kafka, metadata only): the partitions, where
+    each starts (the committed position, else `starting_position`; a committed position the
+    broker no longer holds is data loss), the end offsets at seek time, and the consumer
+    group's offsets, written after each Iceberg commit so lag tools see progress."""
+
     def __init__(
         self,
         settings: Mapping[str, str],
@@ -73,7 +86,6 @@ class KafkaSource(Source):
                 "group.id": group_id,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
-                "enable.partition.eof": True,
                 "error_cb": self._on_error,
                 "reconnect.backoff.max.ms": 5000,
             }
@@ -137,69 +149,20 @@ class KafkaSource(Source):
         return start
 
     def _assign(self, parts: set[tuple[str, int]]) -> None:
+        """Adds partitions: where each starts, and its end offset now. Nothing is assigned to
+        the consumer (it would prefetch records the driver never reads)."""
         new = sorted(parts - self._assigned)
         if not new:
             return
-        tps = [TopicPartition(t, p, self._start(t, p)) for t, p in new]
-        for tp in tps:
-            self._positions[stream_id(tp.topic, tp.partition)] = tp.offset
-        self.consumer.incremental_assign(tps)
+        for t, p in new:
+            self._positions[stream_id(t, p)] = self._start(t, p)
         self._assigned |= set(new)
-        log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in tps])
+        log.info("partitions from %s", [(t, p, self._positions[stream_id(t, p)]) for t, p in new])
 
     def seek(self, positions: Mapping[str, int]) -> None:
         self._positions = dict(positions)
-        if self._assigned:
-            self.consumer.incremental_unassign([TopicPartition(t, p) for t, p in self._assigned])
-            self._assigned = set()
+        self._assigned = set()
         self._assign(self._partitions())
-
-    def _caught_up(self) -> bool:
-        return all(
-            self._positions.get(stream_id(t, p), 0) >= self._end.get(stream_id(t, p), 0) for t, p in self._assigned
-        )
-
-    def poll(self, max_records: int) -> list[SourceRecord]:
-        out: list[SourceRecord] = []
-        idle_since = time.monotonic()
-        while len(out) < max_records and not self._caught_up():
-            if time.monotonic() - self._refreshed > METADATA_REFRESH_SECONDS:
-                self._assign(self._partitions())  # partitions added while running
-            msgs = self.consumer.consume(num_messages=max_records - len(out), timeout=1.0)
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        raise SourceError(f"topic {m.topic()!r} partition {m.partition()}: {err.str()}")
-                    continue
-                out.append(self._record(m))
-            if msgs:
-                idle_since = time.monotonic()
-                self._last_error = None
-            elif time.monotonic() - idle_since > self.unavailable_timeout:
-                detail = self._last_error.str() if self._last_error else "no data although the end offset is ahead"
-                raise SourceError(self._unreachable(detail))
-        return out
-
-    def _record(self, m) -> SourceRecord:
-        self._positions[stream_id(m.topic(), m.partition())] = m.offset() + 1
-        return self._to_record(m)
-
-    @staticmethod
-    def _to_record(m) -> SourceRecord:
-        """A confluent-kafka Message as a SourceRecord (the offset is also the sequence number)."""
-        _, ts = m.timestamp()
-        when = datetime.fromtimestamp(ts / 1000, tz=UTC) if ts and ts > 0 else datetime.now(UTC)
-        return SourceRecord(
-            m.topic(),
-            m.partition(),
-            str(m.offset()),
-            m.offset(),
-            when,
-            m.key(),
-            m.value(),
-            tuple((k, v) for k, v in (m.headers() or [])),
-        )
 
     def commit(self, positions: Mapping[str, int]) -> None:
         offsets = [
@@ -218,31 +181,6 @@ class KafkaSource(Source):
         self.consumer.close()
 
 
-__all__ = ["KafkaSource"]
-
-
-class GroupOffsetsMirror:
-    """Commits the consumer group's offsets (next offset to read) after each Iceberg commit."""
-
-    def __init__(self, settings: Mapping[str, str], group_id: str):
-        self.consumer = Consumer({**settings, "group.id": group_id, "enable.auto.commit": False})
-
-    def update(self, last: Mapping[str, tuple[int, str]]) -> None:
-        offsets = [
-            TopicPartition(s.rsplit(":", 1)[0], int(s.rsplit(":", 1)[1]), seq + 1)
-            for s, (seq, _) in sorted(last.items())
-        ]
-        if not offsets:
-            return
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as e:  # tooling only: the Iceberg tables hold the truth
-            log.warning("could not mirror positions to consumer group: %s", e)
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
 def initial_offset(
     consumer: Consumer, topic: str, partition: int, low: int, high: int, starting: str | int | datetime, timeout: float
 ) -> int:
@@ -255,3 +193,99 @@ def initial_offset(
         return high if found < 0 else found
 
     return initial_position(starting, low, high, at_time)
+
+
+def _jaas_value(v: str) -> str:
+    return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def spark_kafka_options(settings: Mapping[str, str]) -> dict[str, str]:
+    """librdkafka settings as Spark Kafka source options (`kafka.` + the Java client's names):
+    `sasl.mechanisms` is `sasl.mechanism`, and a user name and password become the JAAS
+    login of their mechanism (PLAIN, or SCRAM-SHA-256/512). Other keys pass through, the
+    names both clients share (`client.id`, `ssl.*` files...)."""
+    conf = dict(settings)
+    mechanism = conf.pop("sasl.mechanisms", None) or conf.pop("sasl.mechanism", None)
+    user, password = conf.pop("sasl.username", None), conf.pop("sasl.password", None)
+    out = {f"kafka.{k}": v for k, v in conf.items()}
+    if mechanism:
+        out["kafka.sasl.mechanism"] = mechanism
+    if user is not None:
+        module = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule"
+            if (mechanism or "").upper().startswith("SCRAM")
+            else "org.apache.kafka.common.security.plain.PlainLoginModule"
+        )
+        out["kafka.sasl.jaas.config"] = (
+            f"{module} required username={_jaas_value(user)} password={_jaas_value(password or '')};"
+        )
+    return out
+
+
+class KafkaSource(Source):
+    """Kafka (or Event Hubs' Kafka endpoint) read by Spark's own Kafka source, one bounded
+    batch of offset ranges at a time. A confluent-kafka consumer on the driver only reads
+    metadata (partitions, watermarks, offsets for a time) and mirrors the consumer group's
+    offsets."""
+
+    def __init__(self, config: _KafkaConfig):
+        settings = config.kafka_settings()
+        self.meta = KafkaOffsets(
+            settings,
+            config.topics,
+            config.group_id,
+            config.starting_position,
+            config.fail_on_data_loss,
+            config.unavailable_timeout_seconds,
+        )
+        self.options = {
+            **spark_kafka_options(settings),
+            "includeHeaders": "true",
+            "failOnDataLoss": str(config.fail_on_data_loss).lower(),
+        }
+
+    def seek(self, positions: Mapping[str, int]) -> None:
+        self.meta.seek(positions)
+
+    def next_frame(self, spark: Any, max_events: int) -> Any:
+        meta = self.meta
+        if time.monotonic() - meta._refreshed > METADATA_REFRESH_SECONDS:
+            meta._assign(meta._partitions())  # partitions added while running
+        ranges: dict[str, dict[str, list[int]]] = {}
+        lags = {
+            stream_id(t, p): meta._end[stream_id(t, p)] - meta._positions[stream_id(t, p)] for t, p in meta._assigned
+        }
+        for stream, n in sorted(share(lags, max_events).items()):
+            topic, p = stream.rsplit(":", 1)
+            start = meta._positions[stream]
+            ranges.setdefault(topic, {})[p] = [start, start + n]
+            meta._positions[stream] = start + n
+        if not ranges:
+            return None
+        frame = (
+            spark.read.format("kafka")
+            .options(**self.options)
+            .option("assign", json.dumps({t: [int(p) for p in ps] for t, ps in ranges.items()}))
+            .option("startingOffsets", json.dumps({t: {p: r[0] for p, r in ps.items()} for t, ps in ranges.items()}))
+            .option("endingOffsets", json.dumps({t: {p: r[1] for p, r in ps.items()} for t, ps in ranges.items()}))
+            .load()
+        )
+        return frame.selectExpr(
+            "topic",
+            "partition",
+            "cast(offset as string) as offset",
+            "offset as sequence_number",
+            "timestamp as enqueued_time",
+            "key",
+            "value",
+            "headers",
+        )
+
+    def commit(self, last: Mapping[str, tuple[int, str]]) -> None:
+        self.meta.commit({s: seq + 1 for s, (seq, _) in last.items()})
+
+    def close(self) -> None:
+        self.meta.close()
+
+
+__all__ = ["KafkaOffsets", "KafkaSource", "spark_kafka_options"]

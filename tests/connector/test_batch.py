@@ -11,11 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connector.batch import DECODE_CHUNK, RecordBatch, decode_batch, log_rows
+from connector.batch import DECODE_CHUNK, RecordBatch, at_or_after, decode_batch, log_rows
 from connector.core.records import DeadLetter, SourceRecord
 from connector.debezium import Decoder
 from connector.sources import file as file_source
-from connector.sources.file import FileSource
 
 NOW = datetime(2024, 1, 1, tzinfo=UTC)
 
@@ -228,8 +227,7 @@ def test_plain_postgres_events_take_the_arrow_route(line_break):
         ({"topic": None}, False),  # a missing topic is source.topic's on both routes
     ],
 )
-def test_file_source_columns_match_the_line_reader_and_switch_mid_file(tmp_path, monkeypatch, odd, switches):
-    monkeypatch.setattr(file_source, "_BLOCK", 512)  # several blocks; the plain ones go through Arrow
+def test_file_source_columns_match_the_line_reader_and_switch_mid_file(tmp_path, odd, switches):
     lines = [
         {
             "topic": "a.b.c",
@@ -242,16 +240,25 @@ def test_file_source_columns_match_the_line_reader_and_switch_mid_file(tmp_path,
         }
         for i in range(40)
     ]
-    lines[30].update(odd)  # from this line's block on: the line reader
+    lines[30].update(odd)  # this line's range goes through the line reader
     f = tmp_path / "dump.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in lines[:10]) + "\n\n" + "\n".join(json.dumps(x) for x in lines[10:]))
-    columns, lines_reader = FileSource(f, default_topic="a.b.c"), FileSource(f, default_topic="a.b.c")
-    for src in (columns, lines_reader):
-        src.seek({"a.b.c:0": 6})
-    got = [columns.poll_batch(7) for _ in range(8)]
-    assert columns._parsed >= 30 - 10 and (columns._mode == "lines") == switches
-    want = RecordBatch.of(lines_reader.poll(100)).table
-    assert pa.concat_tables([b.table for b in got]).to_pylist() == want.to_pylist()
+    ranges = file_source.plan_ranges(f, target_bytes=512)  # several ranges; the plain ones go through Arrow
+    assert len(ranges) > 4 and ranges[0].first_line == 1
+    plain = []
+    for r in ranges:
+        data = f.read_bytes()[r.start : r.end]
+        by_line = file_source._lines(data, r, "a.b.c", 1 << 20)
+        columns = file_source._plain(data, "a.b.c")
+        plain.append(columns is not None)
+        assert columns is None or columns.to_pylist() == by_line.to_pylist()
+        assert file_source.read_range(r, "a.b.c").to_pylist() == by_line.to_pylist()
+    assert (not all(plain)) == switches and sum(plain) >= len(ranges) - 1
+    got = pa.concat_tables([file_source.read_range(r, "a.b.c") for r in ranges])
+    got = got.filter(at_or_after(got, {"a.b.c:0": 6})).to_pylist()
+    want = [json.loads(x) for x in f.read_text().splitlines() if x]
+    seqs = [(x.get("partition", 0), int(x.get("sequence_number", x["offset"]))) for x in want]
+    assert [(r["partition"], r["sequence_number"]) for r in got] == [(p, q) for p, q in seqs if p or q >= 6]
 
 
 key_docs = st.dictionaries(

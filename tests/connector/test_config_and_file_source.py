@@ -1,11 +1,19 @@
 import json
 from datetime import UTC
 
+import pyarrow as pa
 import pytest
 
+from connector.batch import RecordBatch
 from connector.core.config import load_settings
 from connector.core.errors import ConfigError, SourceError
-from connector.sources.file import FileSource
+from connector.sources.file import FileSource, plan_ranges, read_range
+
+
+def file_records(path, **options):
+    """Every record of a dump, read range by range as the executors read it."""
+    batch = RecordBatch(pa.concat_tables([read_range(r, **options) for r in plan_ranges(path)]))
+    return batch.records(list(range(len(batch))))
 
 
 def test_environment_overrides_file_and_errors_name_the_key(tmp_path, monkeypatch):
@@ -53,12 +61,9 @@ def test_file_source_reads_kcat_and_event_hubs_fields_and_seeks(tmp_path):
         )
         + "\n"
     )
-    src = FileSource(f)
-    a, b = src.poll(10)
+    a, b = file_records(f)
     assert a.value is None and a.headers == (("h1", b"v1"), ("h2", None)) and a.sequence_number == 7
     assert b.key == b"pk" and b.offset == "4294967296" and b.sequence_number == 8 and b.enqueued_time.year == 2024
-    src.seek({"a.b.c:1": 8})
-    assert [r.sequence_number for r in src.poll(10)] == [8]
 
 
 BAD_LINES = [
@@ -76,8 +81,9 @@ BAD_LINES = [
 ]
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("batch", [1, 1000])
-def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(settings, tmp_path, batch):
+def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(spark, settings, tmp_path, batch):
     """Each bad line is a dead letter of the file's own stream (offset: its line number,
     value: the line's bytes, reason `source`); every good record before and after it is in
     the log, and a rerun adds nothing."""
@@ -105,7 +111,7 @@ def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(set
     f.write_bytes(b"\n".join(lines) + b"\n")
     catalog, ns = load_catalog(settings), settings.catalog.namespace
     for _ in range(2):
-        ingest(FileSource(f), IngestJob(catalog, ns, Decoder(), batch))
+        ingest(spark, FileSource(f), IngestJob(catalog, ns, Decoder(), batch))
     log = catalog.load_table((ns, "things__log")).scan().to_arrow()
     assert sorted(log["sequence_number"].to_pylist()) == [0, 1, 2]
     dead = catalog.load_table((ns, "dump__dead_letters")).scan().to_arrow().to_pylist()
@@ -118,19 +124,6 @@ def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(set
 def test_file_source_needs_its_file(tmp_path):
     with pytest.raises(SourceError, match="no such file"):
         FileSource(tmp_path / "missing.jsonl")
-
-
-def test_ingest_gc_thresholds_are_restored_even_when_a_batch_fails():
-    import gc
-
-    from connector.pipeline import batch_gc
-
-    saved = gc.get_threshold()
-    with pytest.raises(RuntimeError):
-        with batch_gc(young=123_456):
-            assert gc.get_threshold()[0] == 123_456
-            raise RuntimeError("batch failed")
-    assert gc.get_threshold() == saved
 
 
 @pytest.mark.parametrize(
@@ -191,7 +184,7 @@ def test_a_configuration_error_is_one_line_naming_it_and_exit_code_2(tmp_path, m
 def test_a_line_over_the_sources_limit_is_not_parsed(tmp_path):
     f = tmp_path / "dump.jsonl"
     f.write_text('{"topic": "t", "partition": 0, "offset": 0, "payload": "' + "x" * 500 + '"}\n')
-    (r,) = FileSource(f, max_line_bytes=100).poll(10)
+    (r,) = file_records(f, max_line_bytes=100)
     assert r.topic == "cdclake.file.dump" and r.offset == "1" and b"over the file source's limit" in r.headers[0][1]
 
 
@@ -225,3 +218,22 @@ def test_a_source_without_a_type_is_the_file_source(monkeypatch):
     monkeypatch.setenv("CDCLAKE_SOURCE__PATH", "dump.jsonl")
     s = load_settings()
     assert (s.source.type, s.source.path) == ("file", "dump.jsonl")
+
+
+@pytest.mark.parametrize("max_lines", [None, 1, 2, 5])
+@pytest.mark.parametrize("target_bytes", [1, 7, 64, 1 << 20])
+@pytest.mark.parametrize("tail", [b"", b"\n", b"\n\n"])
+def test_file_ranges_cover_the_file_at_line_ends(tmp_path, max_lines, target_bytes, tail):
+    from connector.sources.file import plan_ranges
+
+    lines = [b"a" * (i % 5) for i in range(23)]  # blank lines too: they count
+    f = tmp_path / "dump.jsonl"
+    f.write_bytes(b"\n".join(lines) + tail)
+    ranges = plan_ranges(f, max_lines, target_bytes)
+    data = f.read_bytes()
+    assert b"".join(data[r.start : r.end] for r in ranges) == data
+    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:]))
+    numbered = [(r.first_line + i, line) for r in ranges for i, line in enumerate(data[r.start : r.end].splitlines())]
+    assert numbered == list(enumerate(data.splitlines(), 1))  # each range knows its first line's number
+    assert all(r.lines == len(data[r.start : r.end].splitlines()) for r in ranges)
+    assert max_lines is None or all(r.lines <= max_lines for r in ranges)

@@ -57,7 +57,6 @@ def kafka_settings(settings, kafka, topic: str, **source):
         "batch_size": 4,
         "unavailable_timeout_seconds": 15,
         "group_id": f"g-{topic}",
-        "kafka_mode": "driver",
     } | source
     return settings.model_copy(update={"source": SOURCE.validate_python(conf)})
 
@@ -70,19 +69,11 @@ def log_positions(s, table: str) -> list[tuple[int, int]]:
     )
 
 
-@pytest.fixture(params=["driver", pytest.param("spark", marks=pytest.mark.spark)])
-def mode(request) -> str:
-    """kafka_mode: one consumer on the driver, or Spark Structured Streaming on the shared session."""
-    if request.param == "spark":
-        request.getfixturevalue("spark")
-    return request.param
-
-
-def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(settings, kafka, mode):
+def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(settings, kafka):
     topic = new_topic(kafka)
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c"), (1, 2, "c"), (0, 1, "d"), (0, 1, None), (1, 2, "u")])
-    s = kafka_settings(settings, kafka, topic, kafka_mode=mode)
+    s = kafka_settings(settings, kafka, topic)
     assert run_ingest(s).accepted[table] == 5
     assert run_ingest(s).records == 0  # nothing new: the table's positions say so
     produce(kafka, topic, [(1, 3, "c")])
@@ -120,11 +111,11 @@ def test_event_hubs_kafka_endpoint_sasl_plain(settings, kafka):
     assert "wrong" not in str(e.value) and "s3cr3t" not in str(e.value) and kafka.sasl_bootstrap in str(e.value)
 
 
-def test_partitions_added_between_runs_are_read(settings, kafka, mode):
+def test_partitions_added_between_runs_are_read(settings, kafka):
     topic = new_topic(kafka, 1)
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c")])
-    s = kafka_settings(settings, kafka, topic, kafka_mode=mode)
+    s = kafka_settings(settings, kafka, topic)
     run_ingest(s)
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for f in admin.create_partitions([NewPartitions(topic, 2)]).values():
@@ -134,21 +125,19 @@ def test_partitions_added_between_runs_are_read(settings, kafka, mode):
     assert log_positions(s, table) == [(0, 0), (1, 0)]
 
 
-def test_offsets_that_no_longer_exist_are_reported(settings, kafka, mode):
+def test_offsets_that_no_longer_exist_are_reported(settings, kafka):
     topic = new_topic(kafka, 1)
     table = topic.rsplit(".", 1)[1]
     produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
-    s = kafka_settings(settings, kafka, topic, kafka_mode=mode)
-    run_ingest(
-        s.model_copy(update={"source": s.source.model_copy(update={"kafka_mode": "driver"})}), max_records=1
-    )  # offset 0 committed, offset 1 not yet
+    s = kafka_settings(settings, kafka, topic)
+    run_ingest(s, max_records=1)  # offset 0 committed, offset 1 not yet
     produce(kafka, topic, [(0, 3, "c")])
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for f in admin.delete_records([TopicPartition(topic, 0, 2)]).values():  # retention removed offsets 0-1
         f.result(30)
     with pytest.raises(SourceError, match=r"partition 0: offsets \[1, 2\) no longer exist"):
         run_ingest(s)
-    lenient = kafka_settings(settings, kafka, topic, fail_on_data_loss=False, kafka_mode=mode)
+    lenient = kafka_settings(settings, kafka, topic, fail_on_data_loss=False)
     run_ingest(lenient)
     assert log_positions(s, table) == [(0, 0), (0, 2)]
 

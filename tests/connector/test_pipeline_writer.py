@@ -1,36 +1,22 @@
-"""The ingest writer: a batch's appends run on one thread while the next batch decodes.
-Real pyiceberg tables on the SQLite catalog; no Spark."""
+"""The ingest job on the shared Spark session, real Iceberg tables on the SQLite catalog:
+source offsets and progress follow the commits, and a failure at any step of a batch that
+creates and writes several tables loses nothing and adds nothing twice."""
 
 from __future__ import annotations
 
 import json
 
-import pyarrow as pa
 import pytest
 
 from connector.debezium import Decoder
-from connector.pipeline import IngestJob, Sinks, ingest
+from connector.pipeline import IngestJob, ingest
 from connector.sources.file import FileSource
 from iceberg.catalog import load_catalog
-from iceberg.layouts import LOG_SCHEMA
 from iceberg.log_writer import committed_positions
 from tests.conftest import kcat_lines
 from tests.iceberg.helpers import write_lines
 
-
-def test_after_a_failed_append_nothing_more_is_appended(settings):
-    catalog, ns = load_catalog(settings), settings.catalog.namespace
-    sinks = Sinks(catalog, ns)
-    try:
-        sinks.get("t__log", LOG_SCHEMA)
-        sinks.commit("t__log", pa.table({"topic": ["x"]}), {"s:0": 5})  # not the log's columns: fails on the thread
-        sinks.commit("t__log", LOG_SCHEMA.empty_table(), {"s:0": 9})  # would record positions past the lost rows
-        for _ in range(2):  # the failure stays: a later settle raises it again
-            with pytest.raises(ValueError, match="field names"):
-                sinks.settle()
-    finally:
-        sinks.close()
-    assert committed_positions(catalog.load_table((ns, "t__log"))) == {}
+pytestmark = pytest.mark.spark
 
 
 class _Recording(FileSource):
@@ -40,11 +26,12 @@ class _Recording(FileSource):
         super().__init__(path)
         self.catalog, self.table, self.seen = catalog, table, []
 
-    def commit(self, positions):
-        self.seen.append((dict(positions), committed_positions(self.catalog.load_table(self.table))))
+    def commit(self, last):
+        positions = {s: seq + 1 for s, (seq, _) in last.items()}
+        self.seen.append((positions, committed_positions(self.catalog.load_table(self.table))))
 
 
-def test_source_offsets_and_progress_follow_the_iceberg_commits(settings, tmp_path):
+def test_source_offsets_and_progress_follow_the_iceberg_commits(spark, settings, tmp_path):
     values = [
         json.dumps(
             {
@@ -65,7 +52,7 @@ def test_source_offsets_and_progress_follow_the_iceberg_commits(settings, tmp_pa
         rows = catalog.load_table((ns, "things__log")).scan(selected_fields=("offset",)).to_arrow().num_rows
         progress.append((stats.records, stats.accepted["things"], rows))
 
-    stats = ingest(source, IngestJob(catalog, ns, Decoder(), 10, on_batch=on_batch))
+    stats = ingest(spark, source, IngestJob(catalog, ns, Decoder(), 10, on_batch=on_batch))
     assert stats.records == 25
     assert progress == [(10, 10, 10), (20, 20, 20), (25, 25, 25)]  # each batch reported once it is in the table
     assert [p for p, _ in source.seen] == [{"db.public.things:0": n} for n in (10, 20, 25)]
@@ -119,7 +106,7 @@ def _held(catalog, ns) -> list[tuple[str, int, int]]:
     + [f"{p}:{n}" for p in ("ingest.before-commit", "ingest.after-commit") for n in (1, 2, 4, 7)],
 )
 def test_a_failure_at_any_step_loses_nothing_and_the_rerun_adds_each_record_once(
-    settings, tmp_path, monkeypatch, point
+    spark, settings, tmp_path, monkeypatch, point
 ):
     """A failure while creating or writing any table of a batch that spans new tables; the
     rerun ends with every input record in exactly one log or dead-letter table."""
@@ -131,13 +118,13 @@ def test_a_failure_at_any_step_loses_nothing_and_the_rerun_adds_each_record_once
     _hits.clear()
     monkeypatch.setenv(FAIL_ENV, point)
     try:
-        ingest(FileSource(path), IngestJob(catalog, ns, Decoder(), 5))
+        ingest(spark, FileSource(path), IngestJob(catalog, ns, Decoder(), 5))
         failed = False
     except InjectedFailure:
         failed = True
     monkeypatch.delenv(FAIL_ENV)
     assert failed, f"{point} was never reached"
-    ingest(FileSource(path), IngestJob(catalog, ns, Decoder(), 5))
-    ingest(FileSource(path), IngestJob(catalog, ns, Decoder(), 5))  # a replay adds nothing
+    ingest(spark, FileSource(path), IngestJob(catalog, ns, Decoder(), 5))
+    ingest(spark, FileSource(path), IngestJob(catalog, ns, Decoder(), 5))  # a replay adds nothing
     want = sorted((d["topic"], d["partition"], d["offset"]) for d in map(json.loads, lines))
     assert _held(catalog, ns) == want

@@ -12,34 +12,14 @@ import pytest
 from connector.core.records import ChangeEvent
 from connector.debezium import Decoder
 from connector.pipeline import IngestJob, ingest
-from connector.sources import Source
 from iceberg.catalog import load_catalog
 from iceberg.layouts import source_tables
 from tests.connector.test_fuzz import mutate, record, samples
 from tests.iceberg.helpers import compact_table, offsets_by_key
+from tests.list_source import ListSource
 from tests.model import expected_tables
 
 pytestmark = pytest.mark.spark
-
-
-class ListSource(Source):
-    """Records from a list, seekable like a real source (no source can carry arbitrary bytes
-    in a file dump, so the test hands the records over as they are)."""
-
-    def __init__(self, records):
-        self.records, self.next, self.floors = records, 0, {}
-
-    def seek(self, positions):
-        self.floors, self.next = dict(positions), 0
-
-    def poll(self, max_records):
-        out = []
-        while self.next < len(self.records) and len(out) < max_records:
-            r = self.records[self.next]
-            self.next += 1
-            if r.sequence_number >= self.floors.get(r.stream, 0):
-                out.append(r)
-        return out
 
 
 def test_a_fuzzed_stream_ingests_and_compacts_without_losing_or_blocking_anything(spark, settings, fixtures):
@@ -55,7 +35,7 @@ def test_a_fuzzed_stream_ingests_and_compacts_without_losing_or_blocking_anythin
         )
     catalog, ns = load_catalog(settings), settings.catalog.namespace
     for _ in range(2):  # the second run finds everything held
-        ingest(ListSource(records), IngestJob(catalog, ns, Decoder({"customers": ["id"]}), 400))
+        ingest(spark, ListSource(records), IngestJob(catalog, ns, Decoder({"customers": ["id"]}), 400))
     names = [n for _, n in catalog.list_tables(ns)]
     held: Counter = Counter()
     for name in names:
