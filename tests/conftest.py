@@ -56,9 +56,20 @@ def spark(work_root: Path):
     # Python workers import test helpers (the Event Hubs fake reader) too
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    session = get_spark(load_settings(work_dir=work_root, spark={"shuffle_partitions": 2}))
+    events = work_root / "spark-events"  # Spark's event log, read by the secret-redaction test
+    events.mkdir(exist_ok=True)
+    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(), "spark.eventLog.compress": "false"}
+    session = get_spark(load_settings(work_dir=work_root, spark={"shuffle_partitions": 2, "conf": conf}))
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _one_spark_session(request):
+    """Tests marked `spark` (or `kafka`: ingest runs on Spark) share the run's session, created
+    once with the test settings, whichever of them runs first."""
+    if request.node.get_closest_marker("spark") or request.node.get_closest_marker("kafka"):
+        request.getfixturevalue("spark")
 
 
 SASL_PASSWORD = "Endpoint=sb://cdclake-test.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=s3cr3t="

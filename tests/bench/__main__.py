@@ -22,6 +22,19 @@ from tests.bench.generate import TOPIC, generate, live_keys
 console = Console(width=220)  # the figure tables are wide; never wrap them in a log file
 
 
+def start_broker(workdir: Path):
+    """A real single-node broker (infra/kafka_broker.py) on free loopback ports."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kafka_broker", Path(__file__).parents[2] / "infra" / "kafka_broker.py"
+    )
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    shutil.rmtree(workdir, ignore_errors=True)
+    return module.KafkaBroker(workdir).start()
+
+
 def jvm_peak_rss_mb(spark) -> float:
     pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -86,6 +99,29 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
     for t in ("items__log", "items", "items__tombstones"):
         fig[f"files_{t}"], fig[f"bytes_{t}"] = systems.table_files(settings, f"{ns}.{t}")
     fig["files_naive"], fig["bytes_naive"] = systems.table_files(settings, f"{ns}.naive_items")
+
+    if args.kafka:  # the same events from a real broker, into a namespace of their own
+        broker = spark_holder.get("broker") or spark_holder.setdefault("broker", start_broker(root / "kafka"))
+        topic = f"{TOPIC}.n{n}k{k}.{time.time_ns()}"
+        systems.produce_to_kafka(broker.bootstrap, topic, src, args.partitions)
+        from_kafka = settings.model_copy(
+            update={
+                "catalog": settings.catalog.model_copy(update={"namespace": f"bench_kafka_n{n}_k{k}"}),
+                "source": load_settings(
+                    source={
+                        "type": "kafka",
+                        "bootstrap_servers": broker.bootstrap,
+                        "topics": [topic],
+                        "batch_size": args.ingest_batch,
+                    }
+                ).source,
+            }
+        )
+        systems.drop_namespace(from_kafka)
+        _, fig["kafka_ingest_s"] = timed(systems.ours_ingest, from_kafka)
+        assert systems.log_rows(from_kafka) == n, "the log from Kafka does not hold every event once"
+        systems.ours_compact(from_kafka)
+        assert systems.live(from_kafka, "items", "_key") == expected, "the tables from Kafka disagree with the model"
 
     if n <= args.upsert_max:
         _, fig["pyiceberg_upsert_s"] = timed(systems.pyiceberg_upsert, settings, src, args.batch)
@@ -198,6 +234,14 @@ def report(figs: list[dict]) -> None:
         )
     console.print(files)
     for f in figs:
+        if f.get("kafka_ingest_s"):
+            file_s, kafka_s = f["ours_ingest_s"], f["kafka_ingest_s"]
+            console.print(
+                f"N={f['events']:,} K={f['keys']:,}: ingest from the file {file_s:.1f} s "
+                f"({f['events'] / file_s:,.0f} events/s), from Kafka {kafka_s:.1f} s "
+                f"({f['events'] / kafka_s:,.0f} events/s): Kafka / file {kafka_s / file_s:.2f}"
+            )
+    for f in figs:
         rounds = f.get("ours_rounds_s", [])
         if len(rounds) > 1:
             tenth = max(1, len(rounds) // 10)
@@ -287,6 +331,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="keep each run's generated stream, batches and Parquet under <out> (default: removed "
         "after the run; the tables stay in the lake)",
     )
+    ap.add_argument(
+        "--kafka",
+        action="store_true",
+        help="also ingest the same events from a local Kafka broker (infra/kafka_broker.py)",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--lake", type=Path, help="work dir of the catalog (default <out>/lake)")
     args = ap.parse_args(argv)
@@ -307,21 +356,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if n < 10_000_000 or args.big
         ]
     holder: dict = {}
-    if not args.no_warmup:  # the JVM compiles its hot paths on first use; no system should pay that alone
-        console.rule("warm-up: every system once on up to 100,000 events (not reported)")
-        warm = min(args.events, 100_000)
-        run_once(
-            root,
-            warm,
-            min(args.keys, warm // 10),
-            argparse.Namespace(**{**vars(args), "incremental": False, "repeat": 1}),
-            holder,
-        )
-    figs = []
-    for n, k in grid:
-        console.rule(f"N = {n:,}, K = {k:,}")
-        figs.append(run_once(root, n, k, args, holder))
-        (root / "results.json").write_text(json.dumps(figs, indent=1))
+    figs: list[dict] = []
+    try:
+        if not args.no_warmup:  # the JVM compiles its hot paths on first use; no system should pay that alone
+            console.rule("warm-up: every system once on up to 100,000 events (not reported)")
+            warm = min(args.events, 100_000)
+            run_once(
+                root,
+                warm,
+                min(args.keys, warm // 10),
+                argparse.Namespace(**{**vars(args), "incremental": False, "repeat": 1}),
+                holder,
+            )
+        for n, k in grid:
+            console.rule(f"N = {n:,}, K = {k:,}")
+            figs.append(run_once(root, n, k, args, holder))
+            (root / "results.json").write_text(json.dumps(figs, indent=1))
+    finally:
+        if "broker" in holder:
+            holder.pop("broker").stop()
     report(figs)
     if len(figs) > 1:
         chart(figs, root / "scaling.png")

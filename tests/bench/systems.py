@@ -41,6 +41,39 @@ def ours_ingest(settings: Settings) -> None:
     run_ingest(settings)
 
 
+def produce_to_kafka(bootstrap: str, topic: str, src: Path, partitions: int) -> int:
+    """The stream's lines into a new topic (input preparation, not timed): each line's key and
+    payload to its partition, in file order, so the broker's offsets are the file's."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        f.result(60)
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000, "acks": "all"})
+    n = 0
+    with src.open("rb") as f:
+        for line in f:
+            r = orjson.loads(line)
+            while True:
+                try:
+                    p.produce(topic, key=r["key"], value=r["payload"], partition=r["partition"])
+                    break
+                except BufferError:
+                    p.poll(0.1)
+            n += 1
+            if n % 10000 == 0:
+                p.poll(0)
+    if p.flush(300):
+        raise RuntimeError("the benchmark's events were not all delivered to the broker")
+    return n
+
+
+def log_rows(settings: Settings) -> int:
+    t = load_catalog(settings).load_table(f"{settings.catalog.namespace}.items__log")
+    return t.scan(selected_fields=("sequence_number",)).to_arrow().num_rows
+
+
 def ours_compact(settings: Settings) -> None:
     run_compaction(settings, ["items"], force=True)
 

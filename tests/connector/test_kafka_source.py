@@ -111,6 +111,38 @@ def test_event_hubs_kafka_endpoint_sasl_plain(settings, kafka):
     assert "wrong" not in str(e.value) and "s3cr3t" not in str(e.value) and kafka.sasl_bootstrap in str(e.value)
 
 
+def test_the_sasl_secret_stays_out_of_plans_logs_errors_and_the_event_log(spark, settings, kafka, work_root, capfd):
+    """The connection string is the SASL password: Spark's plans, the event log, the logs (the
+    JVM's and Python's), errors and reprs never show it."""
+    from connector.sources.kafka import KafkaSource
+
+    topic = new_topic(kafka, 1)
+    produce(kafka, topic, [(0, 1, "c")])
+    eh = {
+        "type": "eventhubs-kafka",
+        "namespace": "cdclake-test",
+        "connection_string": SASL_PASSWORD,
+        "bootstrap_servers": kafka.sasl_bootstrap,
+        "security_protocol": "SASL_PLAINTEXT",
+    }
+    s = kafka_settings(settings, kafka, topic, **eh)
+    secret = "s3cr3t"
+    with KafkaSource(s.source) as source:
+        source.seek({})
+        frame = source.next_frame(spark, 10)
+        plans = frame._jdf.queryExecution().toString()  # parsed, analysed, optimised and physical
+        assert "LoginModule" not in plans and secret not in plans
+        assert secret not in repr(source) and secret not in repr(s)
+    assert run_ingest(s).accepted[topic.rsplit(".", 1)[1]] == 1
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+    logs = [p for p in (work_root / "spark-events").rglob("*") if p.is_file()]
+    events = "".join(p.read_text(errors="replace") for p in logs)
+    assert "sasl.jaas.config" in events or "kafka" in events  # the log holds the run
+    assert secret not in events
+    out, err = capfd.readouterr()
+    assert secret not in out and secret not in err
+
+
 def test_partitions_added_between_runs_are_read(settings, kafka):
     topic = new_topic(kafka, 1)
     table = topic.rsplit(".", 1)[1]

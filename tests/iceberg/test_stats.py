@@ -69,6 +69,7 @@ def _expected(rows: list[dict], points: dict[str, int], cutoff, ordering: str) -
     return out
 
 
+@pytest.mark.spark
 def test_stream_stats_read_a_few_files_at_a_time_match_the_whole_range(settings, tmp_path):
     now_ms = int(NOW.timestamp() * 1000)
     # partition 0 turns young (within min_compaction_lag of NOW) after 150 events, partition 1

@@ -54,6 +54,7 @@ def log_offsets(s) -> list[tuple[int, int]]:
     )
 
 
+@pytest.mark.spark
 def test_oversize_events_go_to_dead_letters_with_their_size(settings, tmp_path):
     path = write_lines(tmp_path / "in.jsonl", [line(0, 0, 1), line(0, 1, 2, pad=700), line(0, 2, 3)])
     s = quota_settings(settings, path, limit=10**9)
@@ -64,6 +65,7 @@ def test_oversize_events_go_to_dead_letters_with_their_size(settings, tmp_path):
     assert log_offsets(s) == [(0, 0), (0, 2)]
 
 
+@pytest.mark.spark
 def test_unique_keys_fill_a_partition_then_a_higher_tier_takes_the_rest_exactly_once(settings, tmp_path):
     # partition 0: 30 unique keys (about 270 bytes each); partition 1: 3 small events
     lines = [line(0, i, i) for i in range(30)] + [line(1, i, 100 + i, pad=1) for i in range(3)]
