@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -191,7 +192,7 @@ def _one_pass(source: Source, run: _Run, max_records: int | None, fail_fast: boo
         frame = source.next_frame(run.spark, limit)
         if frame is None:
             return
-        refused, last = _batch(frame, run)
+        refused, last = _batch(frame, source.expand(), run)
         capped = {s for (_, s) in (job.gate.paused if job.gate else {})}
         source.commit({s: v for s, v in last.items() if s not in capped})  # mirrors what the tables hold
         if job.on_batch:
@@ -200,10 +201,9 @@ def _one_pass(source: Source, run: _Run, max_records: int | None, fail_fast: boo
             raise QuotaExceededError(refused)
 
 
-def _batch(frame: Any, run: _Run) -> tuple[list, dict[str, tuple[int, str]]]:
+def _batch(frame: Any, expand: Callable | None, run: _Run) -> tuple[list, dict[str, tuple[int, str]]]:
     """One batch through Spark: stage (decode), aggregate, admit, append per table. Returns
     the quota refusals and, per stream, the last record's sequence number and offset."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -212,10 +212,15 @@ def _batch(frame: Any, run: _Run) -> tuple[list, dict[str, tuple[int, str]]]:
     job, sinks, gate = run.job, run.sinks, run.job.gate
     now = datetime.now(UTC)
     quotas = Quotas(gate.settings if gate is not None else None)
-    ctx = StageContext(copy.deepcopy(job.decoder), copy.deepcopy(sinks.positions), quotas, now)
-    frame = frame.withColumn("headers", F.when(F.size("headers") > 0, F.to_json("headers")))
+    ctx = StageContext(copy.deepcopy(job.decoder), copy.deepcopy(sinks.positions), quotas, now, expand)
+    if expand is None:  # Spark hands text to Python quickly, an array column slowly
+        frame = frame.withColumn("headers", F.when(F.size("headers") > 0, F.to_json("headers")))
+    started = time.monotonic()
     staged = frame.mapInArrow(lambda batches: decode_stage(ctx, batches), from_arrow_schema(STAGED_SCHEMA))
-    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
+    # Decoded once and held on the executors for the batch's jobs: a local checkpoint keeps
+    # the rows as they are (measured 0.75 s per 180k events against 1.25 s for `persist`,
+    # which builds a columnar cache), and is released explicitly when the batch is done.
+    staged = staged.localCheckpoint(eager=True)
     try:
         fresh = F.col("fresh")
         groups = (
@@ -230,9 +235,17 @@ def _batch(frame: Any, run: _Run) -> tuple[list, dict[str, tuple[int, str]]]:
             )
             .collect()
         )
-        return _commit_staged(staged, groups, run)
+        decoded = time.monotonic()
+        out = _commit_staged(staged, groups, run)
+        log.info(
+            "batch of %s records: read and decoded in %.2f s, committed in %.2f s",
+            f"{sum(g['n'] for g in groups):,}",
+            decoded - started,
+            time.monotonic() - decoded,
+        )
+        return out
     finally:
-        staged.unpersist()
+        staged._jdf.queryExecution().analyzed().rdd().unpersist(False)  # the checkpoint's blocks
 
 
 def _commit_staged(staged: Any, groups: list, run: _Run) -> tuple[list, dict]:

@@ -49,6 +49,7 @@ class StageContext:
     floors: Mapping[str, Mapping[str, int]]
     quota_of: Callable[[str], TierQuota | None]  # a table's tier quota (its event size limit)
     now: datetime
+    expand: Callable[[pa.Table], pa.Table] | None = None  # the source's reader (`Source.expand`)
 
 
 def _staged(sink: str, rows: pa.Table, floors: Mapping[str, int]) -> pa.Table:
@@ -108,13 +109,17 @@ def headers_from_json(text: pa.Array) -> pa.Array:
 
 def decode_stage(ctx: StageContext, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` function: a task's raw record batches (`RAW_COLUMNS`, the headers as
-    JSON text) -> staged row batches."""
+    JSON text), or what `ctx.expand` reads them from -> staged row batches."""
     for raw in batches:
         if raw.num_rows:
             table = pa.Table.from_batches([raw])
-            i = table.schema.get_field_index("headers")
-            table = table.set_column(i, "headers", headers_from_json(table.column(i).combine_chunks()))
-            yield from stage_records(ctx, table.cast(RECORD_SCHEMA)).to_batches()
+            if ctx.expand is not None:
+                table = ctx.expand(table)
+            else:
+                i = table.schema.get_field_index("headers")
+                table = table.set_column(i, "headers", headers_from_json(table.column(i).combine_chunks()))
+            if table.num_rows:
+                yield from stage_records(ctx, table.cast(RECORD_SCHEMA)).to_batches()
 
 
 class Quotas:

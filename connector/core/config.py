@@ -72,7 +72,9 @@ def starting_value(text: str) -> str | int | datetime:
 
 
 class _SourceBase(_Section):
-    batch_size: int = Field(50_000, gt=0, description="records per ingest commit")
+    batch_size: int = Field(
+        200_000, gt=0, description="at most this many records per ingest batch (a Spark job, a commit per table)"
+    )
     key_format: Literal["json", "text"] | None = Field(
         None,
         description="record keys: json (Debezium: a JSON object; anything else is a dead letter) or text "
@@ -89,7 +91,7 @@ class FileSourceConfig(_SourceBase):
     """A kcat -J dump (JSON lines), replayed."""
 
     type: Literal["file"] = "file"
-    path: str | None = None
+    path: str | None = Field(None, description="a kcat -J dump (JSON lines), a directory of them, or a glob")
     topic: str | None = Field(None, description="topic for file lines that carry none")
 
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from connector.core.config import EventHubsSourceConfig, SourceConfig
@@ -69,6 +70,12 @@ class Source(ABC):
     def next_frame(self, spark: SparkSession, max_events: int) -> DataFrame | None:
         """The next batch of at most about `max_events` records (`RAW_COLUMNS`), or None
         when caught up."""
+
+    def expand(self) -> Callable[[pa.Table], pa.Table] | None:
+        """None when `next_frame` gives the records themselves; else a function the decode
+        stage runs on the executors to turn the frame's rows (what to read) into records
+        (`connector.batch.RECORD_SCHEMA`)."""
+        return None
 
     def commit(self, last: Mapping[str, tuple[int, str]]) -> None:  # noqa: B027 - optional hook
         """Mirror committed positions into the source's tooling: per stream, the sequence

@@ -6,8 +6,8 @@ Hubs fields are used when present: `sequence_number`, `enqueued_time` (ISO text 
 `partition_key` (preferred over `key`), and `offset` as the Event Hubs offset text.
 
 The driver cuts the file into ranges of whole lines (`plan_ranges`: byte offsets and line
-numbers only); Spark reads them on the executors with the `cdclake-file` data source. A
-range of plain kcat lines (numeric offsets and ms timestamps, string key and payload, no
+numbers only); the executors read them in the decode stage (`read_ranges`). A range of
+plain kcat lines (numeric offsets and ms timestamps, string key and payload, no
 headers) is read by Arrow's JSON reader, without a Python object per line; any other range
 line by line.
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-from collections.abc import Iterator, Mapping
+import functools
+import glob
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +36,7 @@ import pyarrow.json as pj
 
 from connector.core.errors import SourceError
 from connector.core.records import SOURCE_ERROR_HEADER, SourceRecord
-from connector.sources import RAW_COLUMNS, Source
+from connector.sources import Source
 
 # The plain kcat -J shape; the other fields must be absent (null) for the Arrow reader.
 _PLAIN = pa.schema(
@@ -222,7 +223,7 @@ def _plain(data: bytes, default_topic: str | None) -> pa.Table | None:
     try:
         raw = pj.read_json(
             pa.BufferReader(data),
-            read_options=pj.ReadOptions(block_size=max(len(data), 1 << 20)),
+            read_options=pj.ReadOptions(block_size=max(len(data), 1 << 20), use_threads=False),  # a task, a core
             parse_options=pj.ParseOptions(
                 explicit_schema=pa.unify_schemas([_PLAIN, _OTHER]), unexpected_field_behavior="ignore"
             ),
@@ -262,19 +263,26 @@ def _plain(data: bytes, default_topic: str | None) -> pa.Table | None:
     )
 
 
-def _check_path(path: Path) -> Path:
-    if not path.is_file():
-        raise SourceError(f"source.path: no such file {str(path)!r}; give a kcat -J dump (JSON lines)")
-    return path
+def dump_files(path: str | Path) -> list[Path]:
+    """The dumps `path` names: one file, every file of a directory, or a glob's files, in name order."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    found = p.iterdir() if p.is_dir() else map(Path, glob.glob(str(p)))
+    files = sorted(f for f in found if f.is_file())
+    if not files:
+        raise SourceError(
+            f"source.path: no such file {str(path)!r}; give a kcat -J dump (JSON lines), a directory of them or a glob"
+        )
+    return files
 
 
 class FileSource(Source):
-    """The dump read by Spark: ranges of lines, planned once per pass on the driver, read by
-    the `cdclake-file` data source on the executors, as many per batch as hold about the
-    batch's number of records."""
+    """The dump read by Spark: ranges of lines, planned once per pass on the driver and read
+    on the executors, as many per batch as hold at most the batch's number of records."""
 
     def __init__(self, path: str | Path, default_topic: str | None = None, max_line_bytes: int = MAX_LINE_BYTES):
-        self.path = _check_path(Path(path))
+        self.files = dump_files(path)
         self.default_topic, self.max_line_bytes = default_topic, max_line_bytes
         self._ranges: collections.deque[FileRange] | None = None
         self._positions: dict[str, int] = {}
@@ -285,67 +293,34 @@ class FileSource(Source):
 
     def next_frame(self, spark: Any, max_events: int) -> Any:
         if self._ranges is None:  # at least two ranges a batch, for two tasks
-            self._ranges = collections.deque(plan_ranges(self.path, max(1, max_events // 2)))
+            lines = max(1, max_events // 2)
+            self._ranges = collections.deque(r for f in self.files for r in plan_ranges(f, lines))
         take: list[FileRange] = []
         while self._ranges and (not take or sum(r.lines for r in take) + self._ranges[0].lines <= max_events):
             take.append(self._ranges.popleft())
         if not take:
             return None
-        spark.dataSource.register(FileDataSource)
-        return (
-            spark.read.format(FileDataSource.name())
-            .option("ranges", json.dumps([dataclasses.astuple(r) for r in take]))
-            .option("default_topic", self.default_topic or "")
-            .option("max_line_bytes", str(self.max_line_bytes))
-            .option("positions", json.dumps(self._positions))
-            .load()
-        )
+        rows = [dataclasses.astuple(r) for r in take]
+        return spark.createDataFrame(rows, RANGE_COLUMNS)
+
+    def expand(self) -> Callable[[pa.Table], pa.Table]:
+        return functools.partial(read_ranges, self.default_topic, self.max_line_bytes, dict(self._positions))
 
 
-# --- PySpark Python data source --------------------------------------------------------
-
-try:
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-except ImportError:  # pragma: no cover - pyspark < 4
-    DataSource = DataSourceReader = InputPartition = object  # type: ignore[misc,assignment]
+# A batch of the file as Spark holds it: one row per range (one task each); the decode stage
+# reads the lines itself (`read_ranges`), so records cross from Python to the JVM once.
+RANGE_COLUMNS = "path string, start bigint, end bigint, first_line bigint, lines bigint"
 
 
-class _RangePartition(InputPartition):  # type: ignore[misc]
-    def __init__(self, r: FileRange):
-        self.range = r
+def read_ranges(
+    default_topic: str | None, max_line_bytes: int, positions: Mapping[str, int], ranges: pa.Table
+) -> pa.Table:
+    """The records (`RECORD_SCHEMA`) of a table of ranges (`RANGE_COLUMNS`), below `positions` left out."""
+    from connector.batch import at_or_after
+
+    parts = [read_range(FileRange(**r), default_topic, max_line_bytes) for r in ranges.to_pylist()]
+    table = pa.concat_tables(parts)
+    return table.filter(at_or_after(table, positions)) if positions and table.num_rows else table
 
 
-class FileRangeReader(DataSourceReader):  # type: ignore[misc]
-    def __init__(self, options: Mapping[str, str]):
-        self.ranges = [FileRange(*r) for r in json.loads(options["ranges"])]
-        self.default_topic = options.get("default_topic") or None
-        self.max_line_bytes = int(options.get("max_line_bytes", MAX_LINE_BYTES))
-        self.positions = json.loads(options.get("positions", "{}"))
-
-    def partitions(self) -> list:
-        return [_RangePartition(r) for r in self.ranges]
-
-    def read(self, partition: _RangePartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        from connector.batch import at_or_after
-
-        table = read_range(partition.range, self.default_topic, self.max_line_bytes)
-        if self.positions:
-            table = table.filter(at_or_after(table, self.positions))
-        yield from table.to_batches(max_chunksize=10_000)
-
-
-class FileDataSource(DataSource):  # type: ignore[misc]
-    """`spark.read.format("cdclake-file").option("ranges", ...)`: records of kcat -J ranges."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "cdclake-file"
-
-    def schema(self) -> str:
-        return RAW_COLUMNS
-
-    def reader(self, schema: Any) -> FileRangeReader:
-        return FileRangeReader(self.options)
-
-
-__all__ = ["FileDataSource", "FileRange", "FileSource", "parse_line", "plan_ranges", "read_range"]
+__all__ = ["FileRange", "FileSource", "parse_line", "plan_ranges", "read_range", "read_ranges"]

@@ -122,19 +122,27 @@ class KafkaOffsets:
             "positions are safe: start the broker or fix source.bootstrap_servers / credentials, then rerun"
         )
 
-    def _start(self, topic: str, partition: int) -> int:
-        low, high = retrying(
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """The partition's first retained offset and its next offset."""
+        return retrying(
             lambda: self.consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=self.unavailable_timeout
             ),
             self.unavailable_timeout,
             f"Kafka at {self.where}: offsets of {topic}:{partition}",
         )
+
+    def _start(self, topic: str, partition: int) -> int:
+        low, high = self.watermarks(topic, partition)
         stream = stream_id(topic, partition)
         self._end[stream] = high
         if stream not in self._positions:
             return initial_offset(self.consumer, topic, partition, low, high, self.starting, self.unavailable_timeout)
-        start = self._positions[stream]
+        return self.retained(topic, partition, self._positions[stream], low)
+
+    def retained(self, topic: str, partition: int, start: int, low: int) -> int:
+        """Where to read from `start` when the partition's first retained offset is `low`:
+        offsets below it were never ingested and are gone (data loss)."""
         if start < low:
             msg = (
                 f"topic {topic!r} partition {partition}: offsets [{start}, {low}) no longer exist in the source "
@@ -252,6 +260,10 @@ class KafkaSource(Source):
         if time.monotonic() - meta._refreshed > METADATA_REFRESH_SECONDS:
             meta._assign(meta._partitions())  # partitions added while running
         ranges: dict[str, dict[str, list[int]]] = {}
+        for topic, part in meta._assigned:  # retention may have removed offsets since the last batch
+            at = stream_id(topic, part)
+            if meta._positions[at] < meta._end[at]:
+                meta._positions[at] = meta.retained(topic, part, meta._positions[at], meta.watermarks(topic, part)[0])
         lags = {
             stream_id(t, p): meta._end[stream_id(t, p)] - meta._positions[stream_id(t, p)] for t, p in meta._assigned
         }

@@ -237,3 +237,28 @@ def test_file_ranges_cover_the_file_at_line_ends(tmp_path, max_lines, target_byt
     assert numbered == list(enumerate(data.splitlines(), 1))  # each range knows its first line's number
     assert all(r.lines == len(data[r.start : r.end].splitlines()) for r in ranges)
     assert max_lines is None or all(r.lines <= max_lines for r in ranges)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("name", ["dir", "glob"])
+def test_a_directory_or_a_glob_of_dumps_is_read_file_by_file(spark, settings, tmp_path, name):
+    from connector.debezium import Decoder
+    from connector.pipeline import IngestJob, ingest
+    from iceberg.catalog import load_catalog
+    from tests.conftest import kcat_lines
+
+    values = [json.dumps({"op": "c", "after": {"id": i}, "source": {"table": "things", "lsn": i}}) for i in range(9)]
+    lines = kcat_lines("db.s.things", values, [{"id": i} for i in range(9)])
+    d = tmp_path / "dumps"
+    d.mkdir()
+    for i in range(3):  # one topic's offsets 0-2, 3-5, 6-8 in three files
+        (d / f"part-{i}.jsonl").write_text("\n".join(lines[3 * i : 3 * i + 3]) + "\n")
+    (d / "part-1.jsonl").write_text((d / "part-1.jsonl").read_text() + "not a record\n")
+    path = d if name == "dir" else d / "part-*.jsonl"
+    catalog, ns = load_catalog(settings), settings.catalog.namespace
+    stats = ingest(spark, FileSource(path), IngestJob(catalog, ns, Decoder(), 4))
+    assert stats.accepted["things"] == 9 and stats.dead_letters["part_1"] == 1
+    log = catalog.load_table((ns, "things__log")).scan().to_arrow()
+    assert sorted(log["sequence_number"].to_pylist()) == list(range(9))
+    (dead,) = catalog.load_table((ns, "part_1__dead_letters")).scan().to_arrow().to_pylist()
+    assert (dead["topic"], dead["offset"]) == ("cdclake.file.part-1", "4")  # its own file's line number
