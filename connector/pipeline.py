@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -192,13 +193,31 @@ def _one_pass(source: Source, run: _Run, max_records: int | None, fail_fast: boo
         frame = source.next_frame(run.spark, limit)
         if frame is None:
             return
-        refused, last = _batch(frame, source.expand(), run)
+        try:
+            refused, last = _batch(frame, source.expand(), run)
+        except Exception as e:  # an executor's SourceError arrives wrapped in Spark's error
+            own = _unwrap(e)
+            if own is e:
+                raise
+            raise own from None
         capped = {s for (_, s) in (job.gate.paused if job.gate else {})}
         source.commit({s: v for s, v in last.items() if s not in capped})  # mirrors what the tables hold
         if job.on_batch:
             job.on_batch(stats)
         if refused and fail_fast:
             raise QuotaExceededError(refused)
+
+
+def _unwrap(e: Exception) -> Exception:
+    """The connector's own error raised on an executor (a source that cannot read its range),
+    out of the Spark error that carries it; else `e` itself."""
+    from connector.core import errors
+
+    m = re.search(r"connector\.core\.errors\.(\w+): ([^\n]*)", str(e))
+    cls = getattr(errors, m.group(1), None) if m else None
+    if m and isinstance(cls, type) and issubclass(cls, errors.ConnectorError) and cls is not errors.DecodeError:
+        return cls(m.group(2))
+    return e
 
 
 def _batch(frame: Any, expand: Callable | None, run: _Run) -> tuple[list, dict[str, tuple[int, str]]]:

@@ -42,13 +42,14 @@ class FakeHub:
 
     def __init__(self, options: Mapping[str, str]):
         self.data = json.loads(Path(options["fake_events"]).read_text())
+        self.missing = int(options.get("fake_missing", 0))  # events the hub counts but cannot return
 
     def partition_ids(self) -> list[str]:
         return sorted(self.data, key=int)
 
     def end_sequence_number(self, pid: str) -> int:
         events = self.data[pid]
-        return events[-1][0] + 1 if events else 0
+        return events[-1][0] + 1 + self.missing if events else 0
 
     def read(self, pid: str, from_seq: int, max_events: int) -> list[EventData]:
         rows = [e for e in self.data[pid] if e[0] >= from_seq][:max_events]

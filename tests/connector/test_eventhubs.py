@@ -113,6 +113,24 @@ def test_partitions_are_read_on_executors_from_the_committed_positions(spark, se
     assert log_rows(s2) == sorted(EXPECTED + [(1, 6, "4294967400", "u", False)])
 
 
+@pytest.mark.spark
+def test_a_range_an_executor_cannot_read_fails_the_run_in_one_line(spark, settings, tmp_path):
+    """The reader on an executor finds fewer events than the partition's end promised (they
+    expired): the run stops with the executor's SourceError, out of Spark's wrapping."""
+    from connector.core.errors import SourceError
+
+    s = eh_settings(settings, tmp_path)
+    s = s.model_copy(
+        update={
+            "source": s.source.model_copy(update={"reader_options": {**s.source.reader_options, "fake_missing": "2"}})
+        }
+    )
+    with pytest.raises(SourceError) as e:
+        run_ingest(s)
+    msg = str(e.value)
+    assert "\n" not in msg and "event hub 'pg.inventory.orders' partition" in msg and "retention" in msg
+
+
 @pytest.mark.azurite
 @pytest.mark.spark
 def test_checkpoints_are_mirrored_to_blob_storage(settings, tmp_path, azurite):

@@ -1,0 +1,113 @@
+"""A Kafka backlog drained by `cdclake ingest`: driver memory against the backlog's size.
+
+    python -m tests.bench.backlog --events 2000000 20000000 [--batch 200000]
+
+For each N: a real local broker (infra/kafka_broker.py) holds N generated Debezium events
+on 4 partitions (produced untimed), then `cdclake ingest` runs in a process of its own from
+`earliest`; the run prints its wall time, events/s, and the peak RSS of its Python process
+and of its JVM (local mode: driver and executors), then checks the log holds N rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tests.bench import systems
+from tests.bench.__main__ import start_broker
+from tests.bench.generate import TOPIC, generate
+
+console = Console(width=160)
+
+# Runs in the child: ingest, then report both peaks (the JVM is the child's own gateway).
+CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+from connector.app import run_ingest
+from connector.core.config import load_settings
+from iceberg.spark import get_spark
+s = load_settings(**json.loads(sys.argv[1]))
+t = time.perf_counter()
+stats = run_ingest(s)
+took = time.perf_counter() - t
+pid = get_spark(s).sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+hwm = [l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmHWM:")][0]
+print(json.dumps({"records": stats.records, "batches": stats.batches, "seconds": took,
+                  "python_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "jvm_peak_mb": int(hwm.split()[1]) / 1024}))
+"""
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.backlog", description=__doc__)
+    ap.add_argument("--events", type=int, nargs="+", default=[2_000_000, 20_000_000])
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--batch", type=int, default=200_000, help="source.batch_size")
+    ap.add_argument("--out", type=Path, default=Path("bench-results/backlog"))
+    args = ap.parse_args(argv)
+    root = args.out.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    broker = start_broker(root / "kafka")
+    figs = []
+    try:
+        for n in args.events:
+            src = root / "events.jsonl"
+            generate(src, n, args.keys)
+            topic = f"{TOPIC}.backlog{n}.{time.time_ns()}"
+            systems.produce_to_kafka(broker.bootstrap, topic, src, 4)
+            src.unlink()
+            conf = {
+                "work_dir": str(root / "lake"),
+                "catalog": {"namespace": f"backlog_{n}_{time.time_ns()}"},
+                "source": {
+                    "type": "kafka",
+                    "bootstrap_servers": broker.bootstrap,
+                    "topics": [topic],
+                    "batch_size": args.batch,
+                },
+            }
+            env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+            done = subprocess.run(
+                [sys.executable, "-c", CHILD, json.dumps(conf)], env=env, capture_output=True, text=True, check=True
+            )
+            fig = {"events": n, **json.loads(done.stdout.strip().splitlines()[-1])}
+            assert fig["records"] == n, f"ingested {fig['records']:,} of {n:,} events"
+            figs.append(fig)
+            console.print(fig)
+    finally:
+        broker.stop()
+    t = Table(
+        "events waiting",
+        "batch",
+        "batches",
+        "s",
+        "events/s",
+        "Python peak MB",
+        "JVM peak MB",
+        title="cdclake ingest draining a Kafka backlog (4 partitions)",
+    )
+    for f in figs:
+        t.add_row(
+            f"{f['events']:,}",
+            f"{args.batch:,}",
+            str(f["batches"]),
+            f"{f['seconds']:.1f}",
+            f"{f['events'] / f['seconds']:,.0f}",
+            f"{f['python_peak_mb']:.0f}",
+            f"{f['jvm_peak_mb']:.0f}",
+        )
+    console.print(t)
+    (root / "backlog.json").write_text(json.dumps(figs, indent=1))
+    return figs
+
+
+if __name__ == "__main__":
+    main()
