@@ -4,7 +4,7 @@
 
 For each N: a real local broker (infra/kafka_broker.py) holds N generated Debezium events
 on 4 partitions (produced untimed), then `cdclake ingest` runs in a process of its own from
-`earliest`; the run prints its wall time, events/s, and the peak RSS of its Python process
+`earliest` (premium tier: the standard tier's 1 GB per partition would stop it); the run prints its wall time, events/s, and the peak RSS of its Python process
 and of its JVM (local mode: driver and executors), then checks the log holds N rows.
 """
 
@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             conf = {
                 "work_dir": str(root / "lake"),
                 "catalog": {"namespace": f"backlog_{n}_{time.time_ns()}"},
+                # 20M events hold ~1.2 GB per partition before any compaction: over the
+                # standard tier's 1 GB, which would (rightly) stop the run
+                "quotas": {"default_tier": "premium"},
                 "source": {
                     "type": "kafka",
                     "bootstrap_servers": broker.bootstrap,
@@ -76,8 +79,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             }
             env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
             done = subprocess.run(
-                [sys.executable, "-c", CHILD, json.dumps(conf)], env=env, capture_output=True, text=True, check=True
+                [sys.executable, "-c", CHILD, json.dumps(conf)], env=env, capture_output=True, text=True
             )
+            (root / f"ingest-{n}.log").write_text(done.stderr)
+            if done.returncode:
+                raise SystemExit(f"ingest of {n:,} events failed; its log: {root / f'ingest-{n}.log'}")
             fig = {"events": n, **json.loads(done.stdout.strip().splitlines()[-1])}
             assert fig["records"] == n, f"ingested {fig['records']:,} of {n:,} events"
             figs.append(fig)
