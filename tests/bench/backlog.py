@@ -4,8 +4,9 @@
 
 For each N: a real local broker (infra/kafka_broker.py) holds N generated Debezium events
 on 4 partitions (produced untimed), then `cdclake ingest` runs in a process of its own from
-`earliest` (premium tier: the standard tier's 1 GB per partition would stop it); the run prints its wall time, events/s, and the peak RSS of its Python process
-and of its JVM (local mode: driver and executors), then checks the log holds N rows.
+`earliest` (premium tier: the standard tier's 1 GB per partition would stop it); the run
+prints its wall time, events/s, and the peak RSS of its Python process and of its JVM
+(local mode: driver and executors), then checks the log holds N rows.
 """
 
 from __future__ import annotations
