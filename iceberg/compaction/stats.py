@@ -41,15 +41,26 @@ def cleaner_points(state: Table | None) -> dict[str, int]:
 CHUNK_ROWS = 500_000
 
 
-def _chunks(scan: DataScan, rows: int) -> Iterator[pa.Table]:
+def _chunks(scan: DataScan, rows: int, order_by: str | None = None) -> Iterator[pa.Table]:
     """The scan's rows a few files at a time, about `rows` rows (before its filter) per chunk:
-    pyiceberg's `to_arrow` and `to_arrow_batch_reader` both read every file of a scan at once."""
+    pyiceberg's `to_arrow` and `to_arrow_batch_reader` both read every file of a scan at once.
+    With `order_by` (a long column), files go in the order of that column's lower bound, so
+    the chunks of a log follow it (Spark writes a batch as several files, listed in any order)."""
     from pyiceberg.io.pyarrow import ArrowScan
 
     reader = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive)
+    tasks = list(scan.plan_files())
+    if order_by is not None:
+        field = scan.table_metadata.schema().find_field(order_by).field_id
+
+        def low(task: FileScanTask) -> int:
+            bound = (task.file.lower_bounds or {}).get(field)
+            return int.from_bytes(bound, "little", signed=True) if bound else -(1 << 63)
+
+        tasks.sort(key=low)
     chunk: list[FileScanTask] = []
     held = 0
-    for task in scan.plan_files():
+    for task in tasks:
         if chunk and held + task.file.record_count > rows:
             yield reader.to_table(chunk)
             chunk, held = [], 0
@@ -236,7 +247,7 @@ def stream_stats(
         ("op", "source_position", "snapshot") if bounds else ()
     )
     totals = {s: _Dirty() for s in streams}
-    for rows in _chunks(log.scan(row_filter=dirty, selected_fields=columns), chunk_rows):
+    for rows in _chunks(log.scan(row_filter=dirty, selected_fields=columns), chunk_rows, "sequence_number"):
         for stream, mine in _per_stream(rows, points, streams):
             _add(totals[stream], mine, young.get(stream), policy if bounds else None)
     clean = clean_bytes(state, load_optional(catalog, names.tombstones))
