@@ -5,9 +5,10 @@ from the Iceberg tables, and calls `commit` after each Iceberg commit only to mi
 positions into the source's own tooling (consumer groups, blob checkpoints).
 
 A source plans bounded batches on the driver (offset ranges per partition, byte
-ranges of a file: metadata only) and gives each as a Spark DataFrame of raw records
-(`RAW_COLUMNS`) that the executors read: Spark's own Kafka source for Kafka and Event
-Hubs' Kafka endpoint, PySpark Python data sources for Event Hubs AMQP and kcat dumps.
+ranges of a file: metadata only) and gives each as a Spark DataFrame that the executors
+read: raw records (`RAW_COLUMNS`) from Spark's own Kafka source (Kafka, Event Hubs' Kafka
+endpoint) or a PySpark Python data source (Event Hubs AMQP); a kcat dump's line ranges,
+which the decode stage reads itself (`Source.expand`).
 """
 
 from __future__ import annotations
