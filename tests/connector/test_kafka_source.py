@@ -87,16 +87,21 @@ def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(settings, kafka)
     assert [tp.offset for tp in committed] == [3, 3]
 
 
-def test_event_hubs_kafka_endpoint_sasl_plain(settings, kafka):
-    topic = new_topic(kafka, 1)
-    produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
-    eh = {
+def event_hubs_endpoint(kafka) -> dict:
+    """Event Hubs' Kafka endpoint as the local broker's SASL listener plays it."""
+    return {
         "type": "eventhubs-kafka",
         "namespace": "cdclake-test",
         "connection_string": SASL_PASSWORD,
         "bootstrap_servers": kafka.sasl_bootstrap,
         "security_protocol": "SASL_PLAINTEXT",
     }
+
+
+def test_event_hubs_kafka_endpoint_sasl_plain(settings, kafka):
+    topic = new_topic(kafka, 1)
+    produce(kafka, topic, [(0, 1, "c"), (0, 2, "c")])
+    eh = event_hubs_endpoint(kafka)
     s = kafka_settings(settings, kafka, topic, **eh)
     assert s.source.kafka_settings()["sasl.username"] == "$ConnectionString"
     assert run_ingest(s).accepted[topic.rsplit(".", 1)[1]] == 2
@@ -118,13 +123,7 @@ def test_the_sasl_secret_stays_out_of_plans_logs_errors_and_the_event_log(spark,
 
     topic = new_topic(kafka, 1)
     produce(kafka, topic, [(0, 1, "c")])
-    eh = {
-        "type": "eventhubs-kafka",
-        "namespace": "cdclake-test",
-        "connection_string": SASL_PASSWORD,
-        "bootstrap_servers": kafka.sasl_bootstrap,
-        "security_protocol": "SASL_PLAINTEXT",
-    }
+    eh = event_hubs_endpoint(kafka)
     s = kafka_settings(settings, kafka, topic, **eh)
     secret = "s3cr3t"
     with KafkaSource(s.source) as source:
