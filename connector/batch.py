@@ -111,10 +111,6 @@ class RecordBatch:
         return self.table.num_rows
 
     @cached_property
-    def streams(self) -> pa.Array:
-        return streams_of(self.table)
-
-    @cached_property
     def nbytes(self) -> pa.Array:
         """Key + value bytes per record, what quotas count (`SourceRecord.nbytes`)."""
         return (
@@ -132,13 +128,6 @@ class RecordBatch:
             SourceRecord(t, p, o, q, e, k, v, _header_pairs(h))
             for t, p, o, q, e, k, v, h in zip(*(cols[n] for n in RECORD_SCHEMA.names))
         ]
-
-    def positions(self) -> dict[str, int]:
-        """Per stream, the next sequence number after this batch."""
-        if not len(self):
-            return {}
-        top = pa.table({"s": self.streams, "q": self.table["sequence_number"]}).group_by("s").aggregate([("q", "max")])
-        return {s: q + 1 for s, q in zip(top["s"].to_pylist(), top["q_max"].to_pylist())}
 
 
 def _first_header_is(headers: pa.Array, name: str) -> pa.Array:

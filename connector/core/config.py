@@ -11,7 +11,7 @@ import contextvars
 import os
 import re
 import tomllib
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -60,15 +60,6 @@ EVENTHUBS_KAFKA_PORT = 9093
 def starting_text(start: str | int | datetime) -> str:
     """A starting position as text (for Spark data source options): name, number or ISO time."""
     return start.isoformat() if isinstance(start, datetime) else str(start)
-
-
-def starting_value(text: str) -> str | int | datetime:
-    if text in ("earliest", "latest"):
-        return text
-    if text.lstrip("-").isdigit():
-        return int(text)
-    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 class _SourceBase(_Section):
