@@ -31,10 +31,8 @@ from connector.core.ordering import SNAPSHOT_MARKERS
 from connector.core.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
 from connector.debezium import Decoder, _source_table
 from connector.limits import RESERVED_COLUMNS
-from iceberg.layouts import DEAD_LETTER_SCHEMA, LOG_SCHEMA, UTC_TS
+from iceberg.layouts import DEAD_LETTER_SCHEMA, HEADERS_TYPE, LOG_SCHEMA, UTC_TS
 
-# Headers as Kafka (and Spark's Kafka source) give them: repeated names and binary values kept.
-HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 # A source's records as columns: the log's own types, the key as the raw bytes.
 RECORD_SCHEMA = pa.schema(
     [
@@ -52,23 +50,6 @@ _SCALARS = (pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.null())
 
 def _headers(r: SourceRecord) -> list[dict] | None:
     return [{"key": k, "value": v} for k, v in r.headers] if r.headers else None
-
-
-def headers_text(headers: pa.Array) -> pa.Array:
-    """The log's `headers` column: a JSON object of name -> text (values read as UTF-8)."""
-    if headers.null_count == len(headers):
-        return pa.nulls(len(headers), pa.string())
-    return pa.array(
-        [
-            orjson.dumps(
-                {h["key"]: None if h["value"] is None else h["value"].decode("utf-8", "replace") for h in hs}
-            ).decode()
-            if hs
-            else None
-            for hs in headers.to_pylist()
-        ],
-        pa.string(),
-    )
 
 
 def streams_of(table: pa.Table) -> pa.Array:
@@ -179,8 +160,7 @@ def _take(data: pa.Table | pa.Array | pa.ChunkedArray, idx: pa.Array):
 def _with_record_columns(batch: RecordBatch, idx: pa.Array, columns: dict[str, pa.Array], now: datetime) -> pa.Table:
     """Log rows: the batch's own columns for rows `idx` (ascending), plus the decoded `columns`."""
     rows = _take(batch.table, idx)
-    own = {n: rows[n] for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "value")}
-    own["headers"] = headers_text(rows["headers"].combine_chunks())
+    own = {n: rows[n] for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "value", "headers")}
     own["payload_bytes"] = _take(batch.nbytes, idx)
     own["ingested_at"] = pa.repeat(pa.scalar(now, UTC_TS), len(idx))
     merged = {**own, **columns}
@@ -214,7 +194,10 @@ def log_rows(events: list[ChangeEvent], now: datetime) -> pa.Table:
 
 def dead_letter_rows(letters: list[DeadLetter], now: datetime) -> pa.Table:
     own = RecordBatch.of([d.record for d in letters]).table
-    columns = {n: own[n] for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value")}
+    columns = {
+        n: own[n]
+        for n in ("topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value", "headers")
+    }
     columns["reason"] = pa.array([d.reason for d in letters], pa.string())
     columns["detail"] = pa.array([d.detail for d in letters], pa.string())
     columns["ingested_at"] = pa.repeat(pa.scalar(now, UTC_TS), len(letters))

@@ -31,6 +31,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
+from pyiceberg.types import StringType
 
 from connector.core.faults import crash_point
 from connector.debezium import Decoder
@@ -69,18 +70,18 @@ class Sinks:
                 self._load(name)
 
     def _load(self, name: str) -> Table:
-        table = self.catalog.load_table((self.namespace, name))
+        table = _upgrade(self.catalog.load_table((self.namespace, name)), _layout(name))
         self.tables[name], self.positions[name] = table, committed_positions(table)
         return table
 
-    def get(self, name: str, schema: pa.Schema) -> Table:
+    def get(self, name: str) -> Table:
         if name in self.tables:
             return self.tables[name]
         try:
             return self._load(name)
         except NoSuchTableError:
             crash_point("ingest.create-table")
-            table = self.catalog.create_table((self.namespace, name), schema=schema)
+            table = self.catalog.create_table((self.namespace, name), schema=_layout(name))
             self.tables[name], self.positions[name] = table, {}
             log.info("created table %s.%s", self.namespace, name)
             return table
@@ -98,8 +99,13 @@ class Sinks:
         """Append a Spark DataFrame of staged rows (`connector.stage`) with Spark's Iceberg
         writer, and `positions` (merged with what the table holds) in the same commit."""
         merged = self._merged(name, positions)
-        schema = LOG_SCHEMA if name.endswith(LOG_SUFFIX) else DEAD_LETTER_SCHEMA
+        schema = _layout(name)
         columns = ["raw_key AS key" if n == "key" and schema is DEAD_LETTER_SCHEMA else n for n in schema.names]
+        columns += [  # a column an older layout had: null in new rows
+            f"CAST(NULL AS {f.field_type}) AS `{f.name}`"
+            for f in self.tables[name].schema().fields
+            if f.name not in schema.names
+        ]
         writer = rows.selectExpr(*columns).writeTo(f"`{self.catalog.name}`.`{self.namespace}`.`{name}`")
         for k, v in summary_properties(merged).items():
             writer = writer.option(f"snapshot-property.{k}", v)
@@ -113,6 +119,28 @@ class Sinks:
         merged = self._merged(name, positions)
         append_with_positions(self.tables[name], self.tables[name].schema().as_arrow().empty_table(), merged)
         self.positions[name] = merged
+
+
+def _layout(name: str) -> pa.Schema:
+    return LOG_SCHEMA if name.endswith(LOG_SUFFIX) else DEAD_LETTER_SCHEMA
+
+
+def _upgrade(table: Table, layout: pa.Schema) -> Table:
+    """A table written by an older layout, brought to `layout` without changing a row: the
+    headers once stored as JSON text stay in `headers_json`, and new columns are added
+    (null in the rows before them)."""
+    headers = table.schema().find_field("headers") if "headers" in table.schema().column_names else None
+    if headers is not None and isinstance(headers.field_type, StringType):
+        with table.update_schema() as update:
+            update.rename_column("headers", "headers_json")
+        log.info(
+            "table %s: headers are kept as Kafka gives them from now on; the earlier text is in headers_json",
+            table.name(),
+        )
+    if set(layout.names) - set(table.schema().column_names):
+        with table.update_schema() as update:
+            update.union_by_name(layout)
+    return table
 
 
 def _caps(gate: QuotaGate | None, sink: str) -> dict[str, int]:
@@ -288,7 +316,7 @@ def _commit_staged(staged: Any, groups: list, run: _Run) -> tuple[list, dict]:
     # Every table of the batch exists before any of its rows is committed: a table that cannot
     # be created fails the batch whole, and its records stay ahead of every resume position.
     for sink in sorted(per_sink):
-        sinks.get(sink, LOG_SCHEMA if sink.endswith(LOG_SUFFIX) else DEAD_LETTER_SCHEMA)
+        sinks.get(sink)
     refusals: list = []
     for sink, streams in sorted(per_sink.items()):
         table = sink[: -len(LOG_SUFFIX)] if sink.endswith(LOG_SUFFIX) else sink[: -len(DEAD_LETTERS_SUFFIX)]

@@ -20,10 +20,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connector.batch import HEADERS_TYPE, RECORD_SCHEMA, RecordBatch, Rows, at_or_after, dead_letter_rows, decode_batch
+from connector.batch import RECORD_SCHEMA, RecordBatch, Rows, at_or_after, dead_letter_rows, decode_batch
 from connector.core.records import DeadLetter
 from connector.debezium import Decoder
-from iceberg.layouts import DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
+from iceberg.layouts import DEAD_LETTERS_SUFFIX, HEADERS_TYPE, LOG_SCHEMA, LOG_SUFFIX
 from quotas.admit import event_too_large
 from quotas.ledger import table_quota
 from quotas.tiers import TierQuota

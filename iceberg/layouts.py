@@ -21,6 +21,8 @@ TOMBSTONES_SUFFIX = "__tombstones"
 STALE_SUFFIX = "__stale"
 
 UTC_TS = pa.timestamp("us", tz="UTC")
+# Headers as Kafka (and Spark's Kafka source) give them: repeated names and binary values kept.
+HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 
 
 def _req(name: str, t: pa.DataType) -> pa.Field:
@@ -44,7 +46,7 @@ LOG_SCHEMA = pa.schema(
         pa.field("after_types", pa.string()),
         pa.field("value", pa.binary()),
         _req("payload_bytes", pa.int64()),
-        pa.field("headers", pa.string()),
+        pa.field("headers", HEADERS_TYPE),
         _req("ingested_at", UTC_TS),
     ]
 )
@@ -58,6 +60,7 @@ DEAD_LETTER_SCHEMA = pa.schema(
         _req("enqueued_time", UTC_TS),
         pa.field("key", pa.binary()),
         pa.field("value", pa.binary()),
+        pa.field("headers", HEADERS_TYPE),
         _req("reason", pa.string()),
         _req("detail", pa.string()),
         _req("ingested_at", UTC_TS),

@@ -87,6 +87,23 @@ def test_kafka_ingest_is_exactly_once_and_mirrors_group_offsets(settings, kafka)
     assert [tp.offset for tp in committed] == [3, 3]
 
 
+def test_headers_reach_the_log_as_kafka_gives_them(spark, settings, kafka):
+    topic = new_topic(kafka, 1)
+    table = topic.rsplit(".", 1)[1]
+    headers = [("trace", b"\xff\x00"), ("trace", b"second"), ("empty", None)]
+    value = {"op": "c", "after": {"id": 1}, "source": {"connector": "postgresql", "table": table, "lsn": 1}}
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    p.produce(topic, key=b'{"id":1}', value=json.dumps(value), headers=headers)
+    p.produce(topic, key=b'{"id":1}', value=b"{not json", headers=headers)
+    p.flush(30)
+    s = kafka_settings(settings, kafka, topic)
+    run_ingest(s)
+    n = names(s, table)
+    for name in (n.log, n.dead_letters):
+        (row,) = spark.table(f"{s.catalog.name}.{name}").collect()
+        assert [(h["key"], h["value"]) for h in row["headers"]] == headers
+
+
 def event_hubs_endpoint(kafka) -> dict:
     """Event Hubs' Kafka endpoint as the local broker's SASL listener plays it."""
     return {

@@ -128,3 +128,76 @@ def test_a_failure_at_any_step_loses_nothing_and_the_rerun_adds_each_record_once
     ingest(spark, FileSource(path), IngestJob(catalog, ns, Decoder(), 5))  # a replay adds nothing
     want = sorted((d["topic"], d["partition"], d["offset"]) for d in map(json.loads, lines))
     assert _held(catalog, ns) == want
+
+
+HEADERS = (("trace", b"\xff\x00 not utf-8"), ("trace", b"second"), ("empty", None), ("", b""))
+
+
+def _record(offset: int, value: bytes | None, headers=HEADERS):
+    from datetime import UTC, datetime
+
+    from connector.core.records import SourceRecord
+
+    return SourceRecord(
+        "db.public.things", 0, str(offset), offset, datetime(2026, 1, 1, tzinfo=UTC), b'{"id":1}', value, headers
+    )
+
+
+def _headers(spark, settings, name) -> dict[str, list | None]:
+    """Read by Spark: pyiceberg 0.12 reads a null list as an empty one."""
+    rows = spark.table(f"{settings.catalog.name}.{settings.catalog.namespace}.{name}").collect()
+    return {r["offset"]: r["headers"] and [h.asDict() for h in r["headers"]] for r in rows}
+
+
+def test_headers_reach_the_log_and_dead_letters_as_the_source_gives_them(spark, settings):
+    """Repeated names, binary values that are not UTF-8, a null value, an empty name."""
+    from tests.list_source import ListSource
+
+    event = json.dumps({"op": "c", "after": {"id": 1}, "source": {"connector": "postgresql", "table": "things"}})
+    records = [_record(0, event.encode()), _record(1, b"{not json"), _record(2, event.encode(), ())]
+    catalog, ns = load_catalog(settings), settings.catalog.namespace
+    ingest(spark, ListSource(records), IngestJob(catalog, ns, Decoder(), 10))
+    want = [{"key": k, "value": v} for k, v in HEADERS]
+    assert _headers(spark, settings, "things__log") == {"0": want, "2": None}
+    assert _headers(spark, settings, "things__dead_letters") == {"1": want}
+
+
+def test_a_log_that_kept_headers_as_text_keeps_that_text_and_takes_new_rows(spark, settings):
+    """A log table of the earlier layout (headers as JSON text): its rows are not changed,
+    the text moves to `headers_json`, and new rows carry their headers whole."""
+    import pyarrow as pa
+
+    from iceberg.layouts import LOG_SCHEMA
+    from iceberg.log_writer import append_with_positions
+    from tests.list_source import ListSource
+
+    old = pa.schema([pa.field("headers", pa.string()) if f.name == "headers" else f for f in LOG_SCHEMA])
+    catalog, ns = load_catalog(settings), settings.catalog.namespace
+    catalog.create_namespace_if_not_exists(ns)
+    table = catalog.create_table((ns, "things__log"), schema=old)
+    event = json.dumps({"op": "c", "after": {"id": 1}, "source": {"connector": "postgresql", "table": "things"}})
+    first = {f.name: None for f in old} | {
+        "topic": "db.public.things",
+        "partition": 0,
+        "offset": "0",
+        "sequence_number": 0,
+        "enqueued_time": 0,
+        "key": '{"id":1}',
+        "op": "c",
+        "snapshot": False,
+        "tombstone": False,
+        "payload_bytes": 1,
+        "ingested_at": 0,
+        "headers": '{"trace":"abc"}',
+    }
+    append_with_positions(table, pa.Table.from_pylist([first], old), {"db.public.things:0": 1})
+    ingest(
+        spark,
+        ListSource([_record(0, event.encode()), _record(1, event.encode())]),
+        IngestJob(catalog, ns, Decoder(), 10),
+    )
+    rows = {r["offset"]: r for r in catalog.load_table((ns, "things__log")).scan().to_arrow().to_pylist()}
+    assert {o: (r["headers_json"], r["headers"]) for o, r in rows.items()} == {
+        "0": ('{"trace":"abc"}', None),
+        "1": (None, [{"key": k, "value": v} for k, v in HEADERS]),
+    }
