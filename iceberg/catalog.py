@@ -6,6 +6,7 @@ same catalog name, so a table either side writes is visible to the other.
 
 from __future__ import annotations
 
+import tempfile
 from typing import TYPE_CHECKING
 
 from pyiceberg.catalog.sql import SqlCatalog
@@ -23,9 +24,8 @@ def load_catalog(settings: Settings) -> SqlCatalog:
 
     try:
         settings.root.mkdir(parents=True, exist_ok=True)
-        probe = settings.root / ".cdclake-write-test"
-        probe.touch()
-        probe.unlink()
+        with tempfile.NamedTemporaryFile(dir=settings.root, prefix=".cdclake-write-test"):
+            pass
     except OSError as e:
         raise ConfigError(
             f"work_dir {str(settings.root)!r} cannot be written ({e.strerror or e}): set work_dir "

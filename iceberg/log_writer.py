@@ -17,6 +17,7 @@ from pyiceberg.table import Table
 from connector.core.faults import crash_point
 
 POSITIONS_PROPERTY = "cdclake.positions"
+WRITER_PROPERTY = "cdclake.writer"  # which process made the commit (host and pid)
 
 
 def summary_value(table: Table, key: str) -> str | None:
@@ -43,11 +44,17 @@ def summary_properties(positions: Mapping[str, int]) -> dict[str, str]:
 
 
 def append_with_positions(
-    table: Table, rows: pa.Table, positions: Mapping[str, int], crash_tag: str = "ingest"
+    table: Table,
+    rows: pa.Table,
+    positions: Mapping[str, int] | None,
+    props: Mapping[str, str] | None = None,
+    crash_tag: str = "ingest",
+    branch: str = "main",
 ) -> None:
-    """Append `rows` (possibly none) and record `positions` in the same snapshot."""
-    props = summary_properties(positions)
+    """Append `rows` (possibly none) and record `positions` (None: leave them as they are) in
+    the same snapshot of `branch`. pyiceberg retries a commit that met another on top of it."""
+    props = {**(summary_properties(positions) if positions is not None else {}), **(props or {})}
     with table.transaction() as tx:
-        tx.append(rows.cast(table.schema().as_arrow()), snapshot_properties=props)
+        tx.append(rows.cast(table.schema().as_arrow()), snapshot_properties=props, branch=branch)
         crash_point(f"{crash_tag}.before-commit")  # data files written, nothing committed
     crash_point(f"{crash_tag}.after-commit")

@@ -24,3 +24,8 @@ class SetupError(ConnectorError):
 
 class SourceError(ConnectorError):
     """A source cannot deliver records (unreadable file, broker unreachable, ...)."""
+
+
+class ConcurrentWriterError(ConnectorError):
+    """Another process committed to a table this one writes: this one stops, having
+    committed nothing of the batch to that table."""

@@ -59,10 +59,10 @@ def test_source_offsets_and_progress_follow_the_iceberg_commits(spark, settings,
     assert all(p == held for p, held in source.seen)  # never an offset the log has not committed
 
 
-def _mixed_lines() -> list[str]:
+def _mixed_lines(n: int = 12) -> list[str]:
     """Records of three tables, one of them only dead letters, across partitions and batches."""
     lines = []
-    for i in range(12):
+    for i in range(n):
         table = ("alpha", "beta", "gamma")[i % 3]
         value = (
             "{not json"
@@ -103,7 +103,11 @@ def _held(catalog, ns) -> list[tuple[str, int, int]]:
 @pytest.mark.parametrize(
     "point",
     [f"ingest.create-table:{n}" for n in (1, 2, 3)]
-    + [f"{p}:{n}" for p in ("ingest.before-commit", "ingest.after-commit") for n in (1, 2, 4, 7)],
+    + [
+        f"{p}:{n}"
+        for p in ("ingest.before-commit", "ingest.before-publish", "ingest.after-commit")
+        for n in (1, 2, 4, 7)
+    ],
 )
 def test_a_failure_at_any_step_loses_nothing_and_the_rerun_adds_each_record_once(
     spark, settings, tmp_path, monkeypatch, point
@@ -201,3 +205,45 @@ def test_a_log_that_kept_headers_as_text_keeps_that_text_and_takes_new_rows(spar
         "0": ('{"trace":"abc"}', None),
         "1": (None, [{"key": k, "value": v} for k, v in HEADERS]),
     }
+
+
+@pytest.mark.parametrize("writers", [2, 3])
+def test_concurrent_ingests_of_one_input_add_each_record_once(spark, settings, tmp_path, writers):
+    """Several ingests of the same input at once, in small batches (many commits to interleave),
+    each with its own catalog connection: each run either completes or stops with one line
+    naming the table and the other writer; a rerun then completes the input. Every record ends
+    in exactly one table, once, as one clean run leaves it."""
+    import threading
+
+    from connector.core.errors import ConcurrentWriterError
+
+    lines = _mixed_lines(90)
+    path = write_lines(tmp_path / "dump.jsonl", lines)
+    want = sorted((d["topic"], d["partition"], d["offset"]) for d in map(json.loads, lines))
+    for attempt in range(3):
+        ns = f"{settings.catalog.namespace}_{writers}_{attempt}"
+        load_catalog(settings).create_namespace(ns)
+        outcomes: list = []
+        barrier = threading.Barrier(writers)
+
+        def one(ns=ns, barrier=barrier, outcomes=outcomes):
+            try:
+                catalog = load_catalog(settings)
+                barrier.wait(60)
+                outcomes.append(ingest(spark, FileSource(path), IngestJob(catalog, ns, Decoder(), 7)).records)
+            except ConcurrentWriterError as e:
+                outcomes.append(str(e))
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                outcomes.append(e)
+
+        threads = [threading.Thread(target=one) for _ in range(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not [o for o in outcomes if isinstance(o, Exception)], outcomes
+        stopped = [o for o in outcomes if isinstance(o, str)]
+        assert all(f"table {ns}." in m and "committed positions while this ingest was writing" in m for m in stopped)
+        assert all(len(m.splitlines()) == 1 for m in stopped)
+        ingest(spark, FileSource(path), IngestJob(load_catalog(settings), ns, Decoder(), 7))
+        assert _held(load_catalog(settings), ns) == want, outcomes
