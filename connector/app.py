@@ -117,6 +117,7 @@ def run_compaction(
     force: bool = False,
     now: datetime | None = None,
     on_table: Callable[[str], None] | None = None,
+    wait: float = 0.0,
 ) -> list:
     from iceberg.compaction.job import compact
     from iceberg.spark import get_spark
@@ -130,7 +131,7 @@ def run_compaction(
         validate(settings, names.table)
         if on_table:
             on_table(names.state)
-        reports.append(compact(spark, catalog, names, policy_of(settings), now or datetime.now(UTC), force))
+        reports.append(compact(spark, catalog, names, policy_of(settings), now or datetime.now(UTC), force, wait))
     return reports
 
 

@@ -39,6 +39,9 @@ ConfigOpt = typer.Option(
     envvar="CDCLAKE_CONFIG",
     help="TOML config file; CDCLAKE_* environment variables override it (e.g. CDCLAKE_SOURCE__PATH=dump.jsonl).",
 )
+WaitOpt = typer.Option(
+    0.0, help="seconds to wait for another process compacting the same table to finish (default: stop at once)"
+)
 
 
 def _settings(config: Path | None, **overrides) -> Settings:
@@ -110,11 +113,15 @@ def _do_ingest(settings: Settings, max_records: int | None = None):
     return stats
 
 
-def _do_compact(settings: Settings, tables: list[str] | None, force: bool, now: datetime | None = None):
+def _do_compact(
+    settings: Settings, tables: list[str] | None, force: bool, now: datetime | None = None, wait: float = 0.0
+):
     from connector.app import run_compaction
 
     with console.status("starting Spark") as st:
-        reports = run_compaction(settings, tables, force, now, on_table=lambda t: st.update(f"compacting {t}"))
+        reports = run_compaction(
+            settings, tables, force, now, on_table=lambda t: st.update(f"compacting {t}"), wait=wait
+        )
     table = _table(
         "table",
         "streams",
@@ -167,13 +174,16 @@ def compact(
     config: Path | None = ConfigOpt,
     table: list[str] | None = typer.Option(None, "--table", "-t", help="only this source table (repeat)"),
     force: bool = typer.Option(False, help="clean every cleanable range, ignoring min_cleanable_dirty_ratio"),
+    wait: float = WaitOpt,
 ) -> None:
     """Run the Spark cleaner on the tables whose dirty ratio (or max_compaction_lag) makes them due,
     then rewrite small files (the log's manifests) and expire old snapshots where due (`[maintenance]`).
+    One compaction per table at a time: a table another process is compacting stops this one
+    with a line naming that process, unless --wait gives it time to finish.
 
-    Example: `cdclake compact -c lake.toml --table orders --force`"""
+    Example: `cdclake compact -c lake.toml --table orders --force --wait 300`"""
     settings = _settings(config)
-    _guard(lambda: _do_compact(settings, table, force))
+    _guard(lambda: _do_compact(settings, table, force, wait=wait))
 
 
 @app.command()
@@ -182,6 +192,7 @@ def run(
     every: float | None = typer.Option(None, help="repeat ingest + compact every N seconds until Ctrl-C"),
     force: bool = typer.Option(False, help="compact regardless of the dirty ratio"),
     metrics_port: int | None = typer.Option(None, help="serve Prometheus metrics on 127.0.0.1:PORT"),
+    wait: float = WaitOpt,
 ) -> None:
     """Ingest then compact, once (default) or repeatedly with --every.
 
@@ -193,7 +204,7 @@ def run(
         start_http_server(metrics_port, addr="127.0.0.1")
     while True:
         _guard(lambda: _do_ingest(settings))
-        _guard(lambda: _do_compact(settings, None, force))
+        _guard(lambda: _do_compact(settings, None, force, wait=wait))
         if every is None:
             return
         time.sleep(every)

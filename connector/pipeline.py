@@ -34,7 +34,6 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.table import Table
-from pyiceberg.types import StringType
 
 from connector.core.errors import ConcurrentWriterError
 from connector.core.faults import crash_point
@@ -42,11 +41,13 @@ from connector.debezium import Decoder
 from connector.sources import Source
 from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
 from iceberg.log_writer import (
+    POSITIONS_PROPERTY,
     WRITER_PROPERTY,
     append_with_positions,
     committed_positions,
     summary_properties,
     summary_value,
+    upgrade,
 )
 from quotas.errors import QuotaExceededError
 from quotas.metrics import DEAD_LETTERS, EVENTS, REFUSALS
@@ -92,10 +93,12 @@ class Sinks:
                 self._load(name)
 
     def _load(self, name: str) -> Table:
-        table = _upgrade(self.catalog.load_table((self.namespace, name)), _layout(name))
+        table = upgrade(self.catalog.load_table((self.namespace, name)), _layout(name))
         if table.current_snapshot() is None:  # a first snapshot, so every commit is conditional on one
-            empty = table.schema().as_arrow().empty_table()
-            append_with_positions(table, empty, None, self._props(None), crash_tag="ingest.first-snapshot")
+            try:
+                _append(table, self._props(None), "main", crash_tag="ingest.first-snapshot")
+            except CommitFailedException:
+                pass  # another process gave it one
             table = self.catalog.load_table((self.namespace, name))
         self.tables[name], self.positions[name] = table, committed_positions(table)
         return table
@@ -153,7 +156,7 @@ class Sinks:
 
         def write(props: Mapping[str, str]) -> None:
             table = self.catalog.load_table((self.namespace, name))
-            append_with_positions(table, table.schema().as_arrow().empty_table(), None, props, branch=self.branch)
+            _append(table, props, self.branch)
 
         self._commit(name, positions, write)
 
@@ -171,7 +174,11 @@ class Sinks:
                 self._moved(name)
                 continue
             self.branched.add(name)
-            write(self._props(self._merged(name, positions)))
+            try:
+                write(self._props(self._merged(name, positions)))
+            except CommitFailedException:  # another commit came in between
+                self._moved(name)
+                continue
             crash_point("ingest.before-publish")  # the snapshot is on the run's branch, not in the table
             if self._publish(name, base.snapshot_id):
                 crash_point("ingest.after-commit")
@@ -200,14 +207,18 @@ class Sinks:
     def _moved(self, name: str) -> None:
         """After a conflicting commit: reload the table; stop if its positions moved."""
         held = self.positions[name]
-        table = self._load(name)
+        self._load(name)
         if self.positions[name] != held:
-            other = summary_value(table, WRITER_PROPERTY) or "another writer"
-            raise ConcurrentWriterError(
-                f"table {self.namespace}.{name}: {other} committed positions while this ingest was writing; "
-                "nothing of this batch was committed to it and this run stops. Run one ingest per table at a "
-                "time; a rerun resumes where the tables are"
-            )
+            self.conflict(name)
+
+    def conflict(self, name: str) -> None:
+        """Stop: another writer moved the table's positions past what this run read."""
+        other = summary_value(self.tables[name], WRITER_PROPERTY, with_key=POSITIONS_PROPERTY) or "another writer"
+        raise ConcurrentWriterError(
+            f"table {self.namespace}.{name}: {other} committed positions while this ingest was writing; "
+            "nothing of this batch was committed to it and this run stops. Run one ingest per table at a "
+            "time; a rerun resumes where the tables are"
+        )
 
     def close(self) -> None:
         """Remove the run's branch (best effort: a branch left behind expires with
@@ -222,26 +233,18 @@ class Sinks:
         self.branched.clear()
 
 
+def _append(table: Table, props: Mapping[str, str], branch: str, **kw: Any) -> None:
+    """A commit without rows (by pyiceberg), a conflict always as `CommitFailedException`."""
+    try:
+        append_with_positions(table, table.schema().as_arrow().empty_table(), None, props, branch=branch, **kw)
+    except ValueError as e:  # pyiceberg's word for a snapshot built on stale metadata (sequence numbers)
+        if "sequence number" not in str(e):
+            raise
+        raise CommitFailedException(str(e)) from e
+
+
 def _layout(name: str) -> pa.Schema:
     return LOG_SCHEMA if name.endswith(LOG_SUFFIX) else DEAD_LETTER_SCHEMA
-
-
-def _upgrade(table: Table, layout: pa.Schema) -> Table:
-    """A table written by an older layout, brought to `layout` without changing a row: the
-    headers once stored as JSON text stay in `headers_json`, and new columns are added
-    (null in the rows before them)."""
-    headers = table.schema().find_field("headers") if "headers" in table.schema().column_names else None
-    if headers is not None and isinstance(headers.field_type, StringType):
-        with table.update_schema() as update:
-            update.rename_column("headers", "headers_json")
-        log.info(
-            "table %s: headers are kept as Kafka gives them from now on; the earlier text is in headers_json",
-            table.name(),
-        )
-    if set(layout.names) - set(table.schema().column_names):
-        with table.update_schema() as update:
-            update.union_by_name(layout)
-    return table
 
 
 def _caps(gate: QuotaGate | None, sink: str) -> dict[str, int]:
@@ -396,7 +399,7 @@ def _batch(frame: Any, expand: Callable | None, run: _Run) -> tuple[list, dict[s
             .collect()
         )
         decoded = time.monotonic()
-        out = _commit_staged(staged, groups, run)
+        out = _commit_staged(staged, groups, run, ctx.floors)
         log.info(
             "batch of %s records: read and decoded in %.2f s, committed in %.2f s",
             f"{sum(g['n'] for g in groups):,}",
@@ -408,7 +411,7 @@ def _batch(frame: Any, expand: Callable | None, run: _Run) -> tuple[list, dict[s
         staged._jdf.queryExecution().analyzed().rdd().unpersist(False)  # the checkpoint's blocks
 
 
-def _commit_staged(staged: Any, groups: list, run: _Run) -> tuple[list, dict]:
+def _commit_staged(staged: Any, groups: list, run: _Run, floors: Mapping[str, Mapping[str, int]]) -> tuple[list, dict]:
     from pyspark.sql import functions as F
 
     job, sinks, stats, gate = run.job, run.sinks, run.stats, run.job.gate
@@ -430,6 +433,8 @@ def _commit_staged(staged: Any, groups: list, run: _Run) -> tuple[list, dict]:
     # be created fails the batch whole, and its records stay ahead of every resume position.
     for sink in sorted(per_sink):
         sinks.get(sink)
+        if sinks.positions[sink] != floors.get(sink, {}):  # the stage judged `fresh` by `floors`
+            sinks.conflict(sink)
     refusals: list = []
     for sink, streams in sorted(per_sink.items()):
         table = sink[: -len(LOG_SUFFIX)] if sink.endswith(LOG_SUFFIX) else sink[: -len(DEAD_LETTERS_SUFFIX)]

@@ -9,24 +9,29 @@ written in the commit that adds the rows, and recovered by walking the snapshot 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 
 import pyarrow as pa
 from pyiceberg.table import Table
+from pyiceberg.types import StringType
 
 from connector.core.faults import crash_point
+
+log = logging.getLogger(__name__)
 
 POSITIONS_PROPERTY = "cdclake.positions"
 WRITER_PROPERTY = "cdclake.writer"  # which process made the commit (host and pid)
 
 
-def summary_value(table: Table, key: str) -> str | None:
-    """The value of `key` in the newest snapshot of the current ancestry that has it."""
+def summary_value(table: Table, key: str, with_key: str | None = None) -> str | None:
+    """The value of `key` in the newest snapshot of the current ancestry that has it (or that
+    has `with_key`: `key` of the newest snapshot that recorded positions, say)."""
     snapshot = table.current_snapshot()
     while snapshot is not None:
         props = snapshot.summary.additional_properties if snapshot.summary else {}
-        if key in props:
-            return props[key]
+        if (with_key or key) in props:
+            return props.get(key)
         if snapshot.parent_snapshot_id is None:
             return None
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
@@ -58,3 +63,21 @@ def append_with_positions(
         tx.append(rows.cast(table.schema().as_arrow()), snapshot_properties=props, branch=branch)
         crash_point(f"{crash_tag}.before-commit")  # data files written, nothing committed
     crash_point(f"{crash_tag}.after-commit")
+
+
+def upgrade(table: Table, layout: pa.Schema) -> Table:
+    """A table written by an older layout, brought to `layout` without changing a row: the
+    headers once stored as JSON text stay in `headers_json`, and new columns are added
+    (null in the rows before them)."""
+    headers = table.schema().find_field("headers") if "headers" in table.schema().column_names else None
+    if headers is not None and isinstance(headers.field_type, StringType):
+        with table.update_schema() as update:
+            update.rename_column("headers", "headers_json")
+        log.info(
+            "table %s: headers are kept as Kafka gives them from now on; the earlier text is in headers_json",
+            table.name(),
+        )
+    if set(layout.names) - set(table.schema().column_names):
+        with table.update_schema() as update:
+            update.union_by_name(layout)
+    return table

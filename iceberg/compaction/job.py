@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 
 from connector.core.faults import crash_point
 from connector.core.ordering import Ordering, Truncate, newest_truncate
+from iceberg import leases
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
 from iceberg.compaction.retain import purge_predicate
@@ -145,13 +146,15 @@ def truncate_marker(catalog: Catalog, names: TableNames) -> Truncate | None:
 class _Steps:
     """Logs how long each step of a round took (progress on long rounds, and where time goes)."""
 
-    def __init__(self, table: str):
-        self.table, self.t = table, time.monotonic()
+    def __init__(self, table: str, lease: leases.Lease | None = None):
+        self.table, self.lease, self.t = table, lease, time.monotonic()
 
     def __call__(self, name: str) -> None:
         now = time.monotonic()
         log.info("%s: %s took %.2f s", self.table, name, now - self.t)
         self.t = now
+        if self.lease is not None:  # before the next step commits: stop if the lease was taken over
+            self.lease.renew()
 
 
 def compact(
@@ -161,10 +164,17 @@ def compact(
     policy: CompactionPolicy,
     now: datetime,
     force: bool = False,
+    wait: float = 0.0,
 ) -> CompactionReport:
-    """Compacts what is due in one source table; returns what it did."""
+    """Compacts what is due in one source table; returns what it did. One round per table
+    at a time: the round holds the table's `compaction` lease (waiting up to `wait` seconds
+    for another holder) and renews it before each commit."""
     now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)  # naive: UTC
-    return Round(spark, catalog, names, policy, now).run(force)
+    lease = leases.acquire(catalog, names.state, "compaction", wait)  # type: ignore[arg-type]
+    try:
+        return Round(spark, catalog, names, policy, now, lease).run(force)
+    finally:
+        lease.release()
 
 
 class Round:
@@ -172,11 +182,17 @@ class Round:
     order; each step is a method, and what a step finds is kept on the round for the next."""
 
     def __init__(
-        self, spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime
+        self,
+        spark: SparkSession,
+        catalog: Catalog,
+        names: TableNames,
+        policy: CompactionPolicy,
+        now: datetime,
+        lease: leases.Lease | None = None,
     ):
         self.spark, self.catalog, self.names, self.policy, self.now = spark, catalog, names, policy, now
         self.report = CompactionReport(names.table)
-        self.step = _Steps(names.state)
+        self.step = _Steps(names.state, lease)
         self.truncate: Truncate | None = None  # the round's own truncate, when newer than the marker
         self.table_truncate: Truncate | None = None  # the marker after the round
         self.late: DataFrame | None = None  # changes older than the marker: stale

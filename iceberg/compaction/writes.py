@@ -13,10 +13,12 @@ from pyspark.sql import functions as F
 
 from iceberg.compaction import schema
 from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, TableNames
+from iceberg.log_writer import upgrade
 from quotas.metrics import DEAD_LETTERS
 
 log = logging.getLogger(__name__)
 SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
+HEADERS_DDL = "array<struct<key: string, value: binary>>"  # `layouts.HEADERS_TYPE` in Spark's words
 
 
 def merge(spark: SparkSession, sql: str, properties: dict[str, str]) -> None:
@@ -67,6 +69,7 @@ def refuse(
             "enqueued_time",
             F.col("key").cast("binary").alias("key"),
             "value",
+            F.col("headers") if "headers" in dirty.columns else F.lit(None).cast(HEADERS_DDL).alias("headers"),
         )
         .join(rows, ["topic", "partition", "sequence_number"])
         .select(
@@ -77,6 +80,7 @@ def refuse(
             "enqueued_time",
             "key",
             "value",
+            "headers",
             F.lit("schema").alias("reason"),
             "detail",
             F.lit(now).alias("ingested_at"),
@@ -86,6 +90,7 @@ def refuse(
     n = letters.count()
     if not catalog.table_exists(names.dead_letters):
         catalog.create_table(names.dead_letters, schema=DEAD_LETTER_SCHEMA)
+    upgrade(catalog.load_table(names.dead_letters), DEAD_LETTER_SCHEMA)
     letters.createOrReplaceTempView("cdclake_refused")
     target = names.spark(names.dead_letters)
     spark.sql(

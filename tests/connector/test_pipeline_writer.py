@@ -217,10 +217,10 @@ def test_concurrent_ingests_of_one_input_add_each_record_once(spark, settings, t
 
     from connector.core.errors import ConcurrentWriterError
 
-    lines = _mixed_lines(90)
+    lines = _mixed_lines(60)
     path = write_lines(tmp_path / "dump.jsonl", lines)
     want = sorted((d["topic"], d["partition"], d["offset"]) for d in map(json.loads, lines))
-    for attempt in range(3):
+    for attempt in range(2):
         ns = f"{settings.catalog.namespace}_{writers}_{attempt}"
         load_catalog(settings).create_namespace(ns)
         outcomes: list = []
@@ -241,7 +241,7 @@ def test_concurrent_ingests_of_one_input_add_each_record_once(spark, settings, t
             t.start()
         for t in threads:
             t.join()
-        assert not [o for o in outcomes if isinstance(o, Exception)], outcomes
+        assert len(outcomes) == writers and not [o for o in outcomes if isinstance(o, Exception)], outcomes
         stopped = [o for o in outcomes if isinstance(o, str)]
         assert all(f"table {ns}." in m and "committed positions while this ingest was writing" in m for m in stopped)
         assert all(len(m.splitlines()) == 1 for m in stopped)

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pyarrow as pa
 import pytest
 
+from connector.app import policy_of
 from connector.core.config import TableConfig
 from iceberg.catalog import load_catalog
 from iceberg.compaction.stats import clean_bytes, cleaner_points
@@ -352,3 +353,46 @@ def test_an_event_the_table_cannot_hold_is_a_dead_letter_and_the_table_goes_on(s
     assert compact_table(spark, s, "things").upserts == 1
     assert offsets_by_key(s, t.state) == {'{"id":1}': "0", '{"id":2}': "3", '{"id":3}': "2"}
     assert len(catalog.load_table(t.dead_letters).scan().to_arrow()) == 1
+
+
+def test_two_compactions_at_once_end_as_one_clean_run(spark, settings, tmp_path):
+    """Two rounds of the same table started together: one holds the table's lease and the
+    other stops with one line naming it, or, with `wait`, runs after it; the tables end as
+    one clean round over the same input leaves them (the model), with no duplicate row."""
+    import threading
+
+    from iceberg.compaction.job import compact
+    from iceberg.leases import LeaseHeldError
+
+    values, keys = [], []
+    for i in range(60):
+        values += [_pg("c", i % 20, 10 + i)] if i % 7 else [_pg("d", i % 20, 10 + i), None]
+        keys += [{"id": i % 20}] * (1 if i % 7 else 2)
+    lines = kcat_lines("db.s.things", values, keys)
+    f = tmp_path / "in.jsonl"
+    s = with_source(settings, f)
+    n = names(s, "things")
+    for wait, upto in ((0.0, 40), (120.0, len(lines))):
+        write_lines(f, lines[:upto])
+        run_ingest(s)
+        want = expected_tables(decoded(f, s), "source")
+        outcomes: list = []
+        barrier = threading.Barrier(2)
+
+        def one(wait=wait, outcomes=outcomes, barrier=barrier):
+            catalog = load_catalog(s)
+            barrier.wait(60)
+            try:
+                outcomes.append(compact(spark, catalog, n, policy_of(s), NOW, True, wait).events)
+            except LeaseHeldError as e:
+                outcomes.append(str(e))
+
+        threads = [threading.Thread(target=one) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stopped = [o for o in outcomes if isinstance(o, str)]
+        assert len(outcomes) == 2 and all("table " + n.state in m and "compaction on" in m for m in stopped)
+        assert (len(stopped) == 1) if wait == 0 else (stopped == []), outcomes
+        assert (offsets_by_key(s, n.state), offsets_by_key(s, n.tombstones)) == want

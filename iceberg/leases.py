@@ -1,0 +1,146 @@
+"""Leases: at most one holder of a role (`compaction`) per table at a time, enforced by the
+catalog's own database (SQLite or PostgreSQL, the JDBC catalog's).
+
+A lease is a row keyed by (catalog, table, role) in `cdclake_leases`; taking a held lease
+fails on the key. A lease lasts `ttl` seconds and its holder renews it as it works; one
+whose time ran out, or whose holder was a process on this host that is gone, is free.
+A holder that finds its lease taken over (it stalled past the time) stops before it
+commits.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pyiceberg.catalog.sql import SqlCatalog
+from sqlalchemy import BigInteger, Column, MetaData, String, Table, and_, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+from connector.core.errors import ConnectorError
+
+_META = MetaData()
+LEASES = Table(
+    "cdclake_leases",
+    _META,
+    Column("catalog_name", String(255), primary_key=True),
+    Column("table_name", String(255), primary_key=True),
+    Column("role", String(32), primary_key=True),
+    Column("holder", String(255), nullable=False),
+    Column("expires_ms", BigInteger, nullable=False),
+)
+TTL_SECONDS = 600.0
+_HOLDER = re.compile(r" on (?P<host>\S+) pid (?P<pid>\d+) ")
+
+
+class LeaseHeldError(ConnectorError):
+    """Another process holds the lease (the message names the table and the holder)."""
+
+
+class LeaseLostError(ConnectorError):
+    """The lease ran out and another process took it: this one stops before committing."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _gone(holder: str) -> bool:
+    """Whether `holder` was a process on this host that no longer runs."""
+    m = _HOLDER.search(holder)
+    if not m or m["host"] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(m["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@dataclass
+class Lease:
+    catalog: SqlCatalog
+    table: str
+    role: str
+    holder: str
+    ttl: float
+
+    def _key(self):
+        return and_(
+            LEASES.c.catalog_name == self.catalog.name, LEASES.c.table_name == self.table, LEASES.c.role == self.role
+        )
+
+    def renew(self) -> None:
+        """Extend the lease; `LeaseLostError` if another process holds it now."""
+        with self.catalog.engine.begin() as conn:
+            done = conn.execute(
+                update(LEASES)
+                .where(self._key(), LEASES.c.holder == self.holder)
+                .values(expires_ms=_now_ms() + int(self.ttl * 1000))
+            ).rowcount
+        if not done:
+            raise LeaseLostError(
+                f"table {self.table}: the {self.role} lease of this process ran out and another process took it; "
+                "this process stops without committing. Rerun it once the other is done"
+            )
+
+    def release(self) -> None:
+        with self.catalog.engine.begin() as conn:
+            conn.execute(delete(LEASES).where(self._key(), LEASES.c.holder == self.holder))
+
+
+def acquire(catalog: SqlCatalog, table: str, role: str, wait: float = 0.0, ttl: float = TTL_SECONDS) -> Lease:
+    """The lease of `role` on `table`, waiting up to `wait` seconds for its holder to finish;
+    `LeaseHeldError` naming the holder if it does not."""
+    try:
+        _META.create_all(catalog.engine, checkfirst=True)
+    except (OperationalError, ProgrammingError):
+        pass  # created by another process meanwhile
+    since = datetime.now(UTC).isoformat(timespec="seconds")
+    lease = Lease(
+        catalog,
+        table,
+        role,
+        f"{role} on {socket.gethostname()} pid {os.getpid()} since {since} ({uuid.uuid4().hex[:8]})",
+        ttl,
+    )
+    deadline = time.monotonic() + wait
+    while True:
+        with catalog.engine.begin() as conn:
+            conn.execute(delete(LEASES).where(lease._key(), LEASES.c.expires_ms < _now_ms()))
+        try:
+            with catalog.engine.begin() as conn:
+                conn.execute(
+                    insert(LEASES).values(
+                        catalog_name=catalog.name,
+                        table_name=table,
+                        role=role,
+                        holder=lease.holder,
+                        expires_ms=_now_ms() + int(ttl * 1000),
+                    )
+                )
+            return lease
+        except IntegrityError:
+            pass
+        with catalog.engine.begin() as conn:
+            row = conn.execute(select(LEASES.c.holder, LEASES.c.expires_ms).where(lease._key())).first()
+        if row is None:
+            continue  # released meanwhile
+        if _gone(row.holder):
+            with catalog.engine.begin() as conn:
+                conn.execute(delete(LEASES).where(lease._key(), LEASES.c.holder == row.holder))
+            continue
+        if time.monotonic() >= deadline:
+            until = datetime.fromtimestamp(row.expires_ms / 1000, UTC).isoformat(timespec="seconds")
+            raise LeaseHeldError(
+                f"table {table}: {row.holder} is running (its lease lasts until {until} unless renewed); "
+                f"this {role} stops. Run one {role} per table at a time, or pass --wait SECONDS to wait for it"
+            )
+        time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))

@@ -1,0 +1,58 @@
+"""Leases on the catalog's own database (the run's SQLite catalog): one holder per table and
+role, taken over only when it ran out or its process is gone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from iceberg.catalog import load_catalog
+from iceberg.leases import LEASES, LeaseHeldError, LeaseLostError, acquire
+
+
+def test_a_held_lease_stops_a_second_holder_with_one_line_naming_the_table_and_the_holder(settings):
+    catalog = load_catalog(settings)
+    first = acquire(catalog, "ns.orders", "compaction")
+    with pytest.raises(LeaseHeldError) as e:
+        acquire(load_catalog(settings), "ns.orders", "compaction")
+    line = str(e.value)
+    assert line.count("\n") == 0 and "table ns.orders" in line and first.holder in line and "--wait" in line
+    other = acquire(catalog, "ns.customers", "compaction")  # another table: its own lease
+    first.release()
+    acquire(catalog, "ns.orders", "compaction").release()
+    other.release()
+
+
+def test_wait_takes_the_lease_once_its_holder_releases_it(settings):
+    catalog = load_catalog(settings)
+    first = acquire(catalog, "ns.orders", "compaction")
+    threading.Timer(0.5, first.release).start()
+    started = time.monotonic()
+    second = acquire(load_catalog(settings), "ns.orders", "compaction", wait=30)
+    assert 0.4 < time.monotonic() - started < 10
+    second.release()
+
+
+def test_a_lease_that_ran_out_is_taken_over_and_its_old_holder_cannot_renew_it(settings):
+    catalog = load_catalog(settings)
+    stalled = acquire(catalog, "ns.orders", "compaction", ttl=0.2)
+    time.sleep(0.3)
+    taker = acquire(load_catalog(settings), "ns.orders", "compaction")
+    with pytest.raises(LeaseLostError, match="table ns.orders"):
+        stalled.renew()
+    taker.renew()
+    taker.release()
+
+
+def test_the_lease_of_a_process_that_is_gone_is_free(settings):
+    catalog = load_catalog(settings)
+    held = acquire(catalog, "ns.orders", "compaction")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = held.holder.replace(f"pid {__import__('os').getpid()} ", f"pid {gone.stdout.strip()} ")
+    with catalog.engine.begin() as conn:
+        conn.execute(LEASES.update().where(LEASES.c.holder == held.holder).values(holder=dead))
+    acquire(load_catalog(settings), "ns.orders", "compaction").release()  # at once, without waiting out the lease
