@@ -33,6 +33,7 @@ def policy_of(settings: Settings) -> CompactionPolicy:
             snapshot_retention=timedelta(hours=m.snapshot_retention_hours),
             rewrite_files=m.rewrite_files,
             enabled=m.enabled,
+            orphan_age=timedelta(hours=m.orphan_age_hours),
         ),
     )
 

@@ -18,7 +18,11 @@ round, per table:
   back), with the files only they refer to (`expire_snapshots`), once `expire_batch` of
   them are due. Never the newest snapshot carrying the cleaner points (the ingest
   positions, in the log): a rewrite's own snapshot has none, and they are read from the
-  newest ancestor that has them.
+  newest ancestor that has them;
+- **remove orphan files** with each expiry: files in the table's location that no snapshot
+  refers to and older than `orphan_age` (Iceberg's `remove_orphan_files`): what a failed or
+  killed write left (Parquet, manifests, metadata JSON). The age keeps a write in progress
+  (its files exist before its commit) safe, so it must exceed the longest write.
 
 The decisions are pure (`rewrite_due`, `expire_before`); `maintain` runs them on Spark.
 """
@@ -48,6 +52,7 @@ class MaintenancePolicy:
     rewrite_files: int = 16
     expire_batch: int = 8
     enabled: bool = True
+    orphan_age: timedelta = timedelta(hours=24)
 
 
 @dataclass(frozen=True)
@@ -174,4 +179,10 @@ def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, p
             f"{call}expire_snapshots(table => {sql_literal(name)}, older_than => TIMESTAMP '{when}', retain_last => 1)"
         )
         done.append(f"expire {name} ({sum(1 for ts, _ in snapshots if ts < cutoff)})")
+        older = (datetime.now(UTC) - policy.orphan_age).strftime("%Y-%m-%d %H:%M:%S.%f")
+        removed = spark.sql(
+            f"{call}remove_orphan_files(table => {sql_literal(name)}, older_than => TIMESTAMP '{older}')"
+        ).count()
+        if removed:
+            done.append(f"remove orphan files {name} ({removed})")
     return done

@@ -16,3 +16,8 @@ EVENTS = Counter("cdclake_events_ingested_total", "events appended to the log ta
 STALE = Counter(
     "cdclake_stale_events_total", "events compaction ignored as stale (older than what it held)", ["table", "reason"]
 )
+MIRROR_FAILURES = Counter(
+    "cdclake_position_mirror_failures_total",
+    "committed positions not mirrored to the source's tooling (consumer group, blob checkpoint); best effort",
+    ["source"],
+)

@@ -253,6 +253,12 @@ class MaintenanceConfig(_Section):
         "data files than its bytes need (or a fifth of its rows are "
         "deleted), the log's manifests once it has more than this",
     )
+    orphan_age_hours: float = Field(
+        24.0,
+        gt=0.0,
+        description="with each expiry, remove files no snapshot refers to that are older than this "
+        "(what failed or killed writes left); must exceed the longest write",
+    )
 
 
 class LimitsConfig(_Section):

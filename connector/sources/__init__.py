@@ -116,12 +116,17 @@ def checkpoint_mirror(config: EventHubsSourceConfig) -> CheckpointMirror | None:
     if not config.checkpoint_connection_string:
         return None
     from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
+    from azure.storage.blob import ExponentialRetry
 
     from connector.sources.eventhubs import CheckpointMirror
 
     options = config.eventhubs_options()
     fqns = options["connection_string"].split("Endpoint=sb://", 1)[-1].split("/", 1)[0].split(";", 1)[0]
-    store = BlobCheckpointStore.from_connection_string(
-        config.checkpoint_connection_string.get_secret_value(), config.checkpoint_container or ""
+    store = BlobCheckpointStore.from_connection_string(  # bounded: mirroring never holds ingest up long
+        config.checkpoint_connection_string.get_secret_value(),
+        config.checkpoint_container or "",
+        retry_policy=ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=2),  # default: 15 s backoffs
+        connection_timeout=5,
+        read_timeout=10,
     )
     return CheckpointMirror(store, fqns, options["event_hub"], config.consumer_group)

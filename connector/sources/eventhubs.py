@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from connector.core.errors import SourceError
 from connector.core.records import SourceRecord, stream_id
 from connector.sources import RAW_COLUMNS, Source, initial_position, share
+from quotas.metrics import MIRROR_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,8 @@ class CheckpointMirror:
         self.store, self.namespace, self.event_hub, self.group = store, namespace, event_hub, consumer_group
 
     def update(self, last: Mapping[str, tuple[int, str]]) -> None:
+        """Best effort, bounded by the store's timeouts (`checkpoint_mirror`): the first
+        failure skips the rest of the batch's partitions; the next batch tries again."""
         for stream, (seq, offset) in sorted(last.items()):
             try:
                 self.store.update_checkpoint(
@@ -180,7 +183,9 @@ class CheckpointMirror:
                     }
                 )
             except Exception as e:  # noqa: BLE001 - tooling only: the Iceberg tables hold the truth
-                log.warning("could not mirror checkpoint of %s to blob storage: %s", stream, e)
+                MIRROR_FAILURES.labels("eventhubs").inc()
+                log.warning("could not mirror the checkpoint of %s to blob storage: %s", stream, str(e).splitlines()[0])
+                return
 
 
 # --- Spark ------------------------------------------------------------------------------

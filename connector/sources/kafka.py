@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from connector.core.errors import SourceError
 from connector.core.records import stream_id
 from connector.sources import Source, initial_position, share
+from quotas.metrics import MIRROR_FAILURES
 
 if TYPE_CHECKING:
     from connector.core.config import EventHubsKafkaSourceConfig, KafkaSourceConfig
@@ -87,6 +88,7 @@ class KafkaOffsets:
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "error_cb": self._on_error,
+                "on_commit": self._on_commit,
                 "reconnect.backoff.max.ms": 5000,
             }
         )
@@ -94,6 +96,11 @@ class KafkaOffsets:
         self._end: dict[str, int] = {}
         self._assigned: set[tuple[str, int]] = set()
         self._refreshed = 0.0
+
+    def _on_commit(self, err: KafkaError | None, partitions: list) -> None:
+        if err is not None:
+            MIRROR_FAILURES.labels("kafka").inc()
+            log.warning("could not mirror positions to the consumer group at %s: %s", self.where, err.str())
 
     def _on_error(self, err: KafkaError) -> None:
         self._last_error = err
@@ -178,12 +185,14 @@ class KafkaOffsets:
             for t, p in sorted(self._assigned)
             if stream_id(t, p) in positions
         ]
+        self.consumer.poll(0)  # serves the previous commit's outcome (`_on_commit`)
         if not offsets:
             return
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as e:  # tooling only: the Iceberg tables hold the truth
-            log.warning("could not mirror positions to consumer group at %s: %s", self.where, e)
+        try:  # tooling only (the Iceberg tables hold the truth): never waits for the broker
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as e:
+            MIRROR_FAILURES.labels("kafka").inc()
+            log.warning("could not mirror positions to the consumer group at %s: %s", self.where, e)
 
     def close(self) -> None:
         self.consumer.close()

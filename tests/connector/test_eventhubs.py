@@ -5,6 +5,7 @@ events are the SDK's own `EventData`, built from AMQP message bytes with `EventD
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC
 
 import pytest
@@ -151,6 +152,29 @@ def test_checkpoints_are_mirrored_to_blob_storage(settings, tmp_path, azurite):
         for c in store.list_checkpoints("cdclake-test.servicebus.windows.net", "pg.inventory.orders", "$Default")
     }
     assert got == {"0": (2, "240"), "1": (5, "4294967296")}
+
+
+def test_blob_storage_down_does_not_hold_ingest_up(settings, tmp_path):
+    """Mirroring the checkpoint is best effort: with nothing listening where the blob store
+    should be, an update gives up within the store's timeouts, skips the batch's other
+    partitions, and counts the failure (`cdclake_position_mirror_failures_total`)."""
+    from connector.sources import checkpoint_mirror
+    from infra.kafka_broker import free_port
+    from quotas.metrics import MIRROR_FAILURES
+
+    account = "devstoreaccount1"
+    down = (
+        f"DefaultEndpointsProtocol=http;AccountName={account};AccountKey=a2V5;"
+        f"BlobEndpoint=http://127.0.0.1:{free_port()}/{account};"
+    )
+    mirror = checkpoint_mirror(
+        eh_settings(settings, tmp_path, checkpoint_connection_string=down, checkpoint_container="c").source
+    )
+    failures = MIRROR_FAILURES.labels("eventhubs")._value.get()
+    started = time.monotonic()
+    mirror.update({f"pg.inventory.orders:{p}": (7, "700") for p in range(8)})
+    assert time.monotonic() - started < 15
+    assert MIRROR_FAILURES.labels("eventhubs")._value.get() == failures + 1
 
 
 @pytest.mark.spark

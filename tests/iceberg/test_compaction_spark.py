@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlparse
 
 import pyarrow as pa
 import pytest
@@ -283,7 +287,19 @@ def test_maintenance_bounds_files_and_snapshots_and_keeps_the_cleaner_points(spa
     assert clean_bytes(catalog.load_table(t.state)) == {"db.s.things:0": held}
     assert len(catalog.load_table(t.state).snapshots()) >= 3
     eager = MaintenancePolicy(snapshot_retention=timedelta(0), rewrite_files=2, expire_batch=1)
+    # what killed writes leave: files no snapshot refers to, old and young
+    old, young = [], []
+    for name in (t.state, t.log):
+        location = Path(urlparse(catalog.load_table(name).location()).path)
+        for kind, suffix in (("data", ".parquet"), ("metadata", ".metadata.json")):
+            for ages, age in ((old, 2 * 86400), (young, 60)):
+                orphan = location / kind / f"orphan-{age}{suffix}"
+                orphan.write_bytes(b"left by a killed write")
+                os.utime(orphan, (time.time() - age, time.time() - age))
+                ages.append(orphan)
     report = round_of(3, eager)
+    assert [p.exists() for p in old + young] == [False] * len(old) + [True] * len(young)
+    assert f"remove orphan files {t.log} (2)" in report.maintenance
     assert f"rewrite {t.state}" in report.maintenance
     assert any(a.startswith(f"expire {t.state} ") for a in report.maintenance)
     state = catalog.load_table(t.state)
