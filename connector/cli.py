@@ -24,6 +24,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from connector.core import failures
 from connector.core.config import Settings, load_settings
 from connector.core.errors import ConfigError, ConnectorError, SetupError
 from quotas.tiers import human_bytes
@@ -57,8 +58,9 @@ class QueryError(ConnectorError):
 
 
 def _guard(fn):
-    """Turn ConnectorErrors into one clear line: exit code 2 for configuration and set-up
-    errors (fix the configuration), 1 for the rest."""
+    """Turn ConnectorErrors and the environment's known faults (`core.failures`) into one
+    clear line: exit code 2 for configuration and set-up errors (fix the configuration), 1
+    for the rest. Anything else is a bug: its trace is shown."""
     try:
         return fn()
     except (ConfigError, SetupError) as e:
@@ -66,6 +68,12 @@ def _guard(fn):
         raise typer.Exit(2) from None
     except ConnectorError as e:
         console.print("[red]error:[/red]", Text(str(e)), soft_wrap=True)
+        raise typer.Exit(1) from None
+    except Exception as e:
+        line = failures.describe(e)
+        if line is None:
+            raise
+        console.print("[red]error:[/red]", Text(line), soft_wrap=True)
         raise typer.Exit(1) from None
 
 

@@ -9,11 +9,48 @@ from __future__ import annotations
 import tempfile
 from typing import TYPE_CHECKING
 
-from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from connector.core.errors import ConnectorError
 
 if TYPE_CHECKING:
     from connector.core.config import Settings
+
+
+class TableUnreadableError(ConnectorError):
+    """A table's current metadata file cannot be read (gone or damaged)."""
+
+
+class Catalog(SqlCatalog):
+    """pyiceberg's SQL catalog; a table whose metadata file cannot be read is one clear error."""
+
+    def load_table(self, identifier):  # type: ignore[no-untyped-def]
+        try:
+            return super().load_table(identifier)
+        except NoSuchTableError:
+            raise
+        except Exception as e:
+            ns, name = self.identifier_to_database_and_table(identifier)
+            with Session(self.engine) as session:
+                row = session.execute(
+                    select(IcebergTables.metadata_location, IcebergTables.previous_metadata_location).where(
+                        IcebergTables.catalog_name == self.name,
+                        IcebergTables.table_namespace == ns,
+                        IcebergTables.table_name == name,
+                    )
+                ).first()
+            if row is None:
+                raise
+            why = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            previous = f" (the previous one is {row[1]})" if row[1] else ""
+            raise TableUnreadableError(
+                f"table {ns}.{name}: its metadata file {row[0]} cannot be read ({type(e).__name__}: {why}); restore "
+                f"the file from a backup, or register the table again at an earlier metadata file{previous} with "
+                "Iceberg's register_table; other tables are not affected"
+            ) from None
 
 
 def load_catalog(settings: Settings) -> SqlCatalog:
@@ -31,7 +68,7 @@ def load_catalog(settings: Settings) -> SqlCatalog:
             f"work_dir {str(settings.root)!r} cannot be written ({e.strerror or e}): set work_dir "
             "(or CDCLAKE_WORK_DIR) to a writable directory"
         ) from None
-    catalog = SqlCatalog(
+    catalog = Catalog(
         settings.catalog.name, uri=settings.catalog_uri, warehouse=settings.warehouse, **settings.catalog.properties
     )
     try:
