@@ -21,12 +21,8 @@ from pathlib import Path
 import pytest
 
 from connector.app import run_compaction, run_ingest
-from connector.core.records import SourceRecord
-from connector.debezium import Decoder
 from tests.connector.test_kafka_source import kafka_settings, new_topic
-from tests.iceberg.helpers import names, offsets_by_key
-from tests.model import expected_tables
-from tests.test_kafka_end_to_end import log_rows
+from tests.test_kafka_end_to_end import assert_tables_match_the_model_of, log_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,21 +99,4 @@ def test_kills_a_second_writer_and_a_broker_restart_end_as_one_clean_run(spark, 
     assert sorted((r["partition"], r["sequence_number"]) for r in rows) == sorted(
         (e["partition"], e["offset"]) for e in sent
     ), "every produced event once in the log"
-    decoder = Decoder()
-    events = [
-        decoder.decode(
-            SourceRecord(
-                r["topic"],
-                r["partition"],
-                r["offset"],
-                r["sequence_number"],
-                r["enqueued_time"],
-                r["key"].encode(),
-                r["value"],
-            )
-        )
-        for r in rows
-    ]
-    state, tombs = expected_tables(events, "source")
-    assert offsets_by_key(s, names(s, table).state) == state
-    assert offsets_by_key(s, names(s, table).tombstones) == tombs
+    assert_tables_match_the_model_of(s, table, rows)

@@ -37,6 +37,28 @@ def safe_log_rows(s, table):
         return []
 
 
+def assert_tables_match_the_model_of(s, table: str, rows: list[dict]) -> None:
+    """The state and tombstones equal the model over the log's rows (an independent computation)."""
+    decoder = Decoder()
+    events = [
+        decoder.decode(
+            SourceRecord(
+                r["topic"],
+                r["partition"],
+                r["offset"],
+                r["sequence_number"],
+                r["enqueued_time"],
+                r["key"].encode(),
+                r["value"],
+            )
+        )
+        for r in rows
+    ]
+    state, tombs = expected_tables(events, "source")
+    assert offsets_by_key(s, names(s, table).state) == state
+    assert offsets_by_key(s, names(s, table).tombstones) == tombs
+
+
 def connector(s, topic: str) -> subprocess.Popen:
     env = {
         **os.environ,
@@ -99,21 +121,4 @@ def test_exactly_once_across_broker_restart_and_connector_kill(spark, settings, 
     got = sorted((r["partition"], r["sequence_number"]) for r in rows)
     assert got == sorted((e["partition"], e["offset"]) for e in sent)  # nothing lost, nothing twice
     run_compaction(s, [table], force=True)
-    decoder = Decoder()
-    events = [
-        decoder.decode(
-            SourceRecord(
-                r["topic"],
-                r["partition"],
-                r["offset"],
-                r["sequence_number"],
-                r["enqueued_time"],
-                r["key"].encode(),
-                r["value"],
-            )
-        )
-        for r in rows
-    ]
-    state, tombs = expected_tables(events, "source")
-    assert offsets_by_key(s, names(s, table).state) == state
-    assert offsets_by_key(s, names(s, table).tombstones) == tombs
+    assert_tables_match_the_model_of(s, table, rows)

@@ -50,19 +50,15 @@ def describe(e: BaseException) -> str | None:
             f"the catalog cannot be read ({_first_line(text, _CATALOG)}): restore the catalog database from a "
             "backup, or check catalog.uri"
         )
-    if where and any(s in text for s in _DAMAGED):
-        kind = "metadata file" if where["kind"] == "metadata" else "data file"
-        return (
-            f"{table}: its {kind} {where['path']} is damaged ({_first_line(text, _DAMAGED)}); restore the file "
-            "from a backup, or roll the table back to a snapshot that does not use it (Iceberg's "
-            "rollback_to_snapshot); other tables are not affected"
-        )
-    if where and any(s in text for s in _GONE):
-        kind = "metadata file" if where["kind"] == "metadata" else "data file"
-        return (
-            f"{table}: its {kind} {where['path']} is gone; restore the file from a backup, or roll the table "
-            "back to a snapshot that does not use it (Iceberg's rollback_to_snapshot); other tables are not affected"
-        )
+    for markers, what in ((_DAMAGED, "is damaged"), (_GONE, "is gone")):
+        if where and any(m in text for m in markers):
+            kind = "metadata file" if where["kind"] == "metadata" else "data file"
+            why = f" ({_first_line(text, markers)})" if markers is _DAMAGED else ""
+            return (
+                f"{table}: its {kind} {where['path']} {what}{why}; restore the file from a backup, or roll the "
+                "table back to a snapshot that does not use it (Iceberg's rollback_to_snapshot); other tables "
+                "are not affected"
+            )
     return None
 
 

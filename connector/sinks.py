@@ -1,0 +1,211 @@
+"""The log and dead-letter tables an ingest run writes, and its fenced commits.
+
+One writer per table: each commit is conditional on the table's `main` being where the run
+read its positions. Spark's Iceberg writer appends the rows to the run's own branch, made at
+that snapshot; `main` moves to the branch head only if no other commit came in between (a
+pyiceberg ref update, which asserts `main` and is not retried). A commit in between that
+moved the positions (another ingest) stops the run with `ConcurrentWriterError` naming the
+other writer; one that did not (maintenance) is retried on top of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.table import Table
+
+from connector.core.errors import ConcurrentWriterError
+from connector.core.faults import crash_point
+from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
+from iceberg.log_writer import (
+    POSITIONS_PROPERTY,
+    WRITER_PROPERTY,
+    append_with_positions,
+    committed_positions,
+    summary_properties,
+    summary_value,
+    upgrade,
+)
+
+log = logging.getLogger(__name__)
+
+COMMIT_ATTEMPTS = 8  # commits that did not move the positions (maintenance) retried over
+BRANCH_AGE_MS = 24 * 3600 * 1000  # a run's branch left behind by a crash expires after this
+
+
+class Sinks:
+    """The log and dead-letter tables of a namespace, created on first use, and the positions
+    each has committed; every commit fenced (the module's docstring)."""
+
+    def __init__(self, catalog: Catalog, namespace: str):
+        self.catalog, self.namespace = catalog, namespace
+        self.tables: dict[str, Table] = {}
+        self.positions: dict[str, dict[str, int]] = {}
+        self.writer = f"ingest on {socket.gethostname()} pid {os.getpid()}"
+        self.branch = f"cdclake-ingest-{uuid.uuid4().hex[:12]}"
+        self.branched: set[str] = set()
+        for _, name in catalog.list_tables(namespace):
+            if name.endswith((LOG_SUFFIX, DEAD_LETTERS_SUFFIX)):
+                self._load(name)
+
+    def _load(self, name: str) -> Table:
+        table = upgrade(self.catalog.load_table((self.namespace, name)), _layout(name))
+        if table.current_snapshot() is None:  # a first snapshot, so every commit is conditional on one
+            try:
+                _append(table, self._props(None), "main", crash_tag="ingest.first-snapshot")
+            except CommitFailedException:
+                pass  # another process gave it one
+            table = self.catalog.load_table((self.namespace, name))
+        self.tables[name], self.positions[name] = table, committed_positions(table)
+        return table
+
+    def get(self, name: str) -> Table:
+        if name in self.tables:
+            return self.tables[name]
+        try:
+            return self._load(name)
+        except NoSuchTableError:
+            crash_point("ingest.create-table")
+            try:
+                self.catalog.create_table((self.namespace, name), schema=_layout(name))
+                log.info("created table %s.%s", self.namespace, name)
+            except TableAlreadyExistsError:
+                pass  # another process created it first
+            return self._load(name)
+
+    def resume_positions(self, streams: Iterable[str] = ()) -> dict[str, int]:
+        """Per stream, the lowest next-position of any table (0 if a table lacks it)."""
+        known = set(streams).union(*[p.keys() for p in self.positions.values()])
+        return {s: min((p.get(s, 0) for p in self.positions.values()), default=0) for s in known}
+
+    def _merged(self, name: str, positions: Mapping[str, int]) -> dict[str, int]:
+        held = self.positions[name]
+        return {s: max(held.get(s, 0), positions.get(s, 0)) for s in held.keys() | positions.keys()}
+
+    def _props(self, positions: Mapping[str, int] | None) -> dict[str, str]:
+        return {**(summary_properties(positions) if positions is not None else {}), WRITER_PROPERTY: self.writer}
+
+    def append(self, name: str, rows: Any, positions: Mapping[str, int]) -> None:
+        """Append a Spark DataFrame of staged rows (`connector.stage`) with Spark's Iceberg
+        writer, and `positions` (merged with what the table holds) in the same commit."""
+        schema = _layout(name)
+        columns = ["raw_key AS key" if n == "key" and schema is DEAD_LETTER_SCHEMA else n for n in schema.names]
+        columns += [  # a column an older layout had: null in new rows
+            f"CAST(NULL AS {f.field_type}) AS `{f.name}`"
+            for f in self.tables[name].schema().fields
+            if f.name not in schema.names
+        ]
+
+        def write(props: Mapping[str, str]) -> None:
+            writer = rows.selectExpr(*columns).writeTo(
+                f"`{self.catalog.name}`.`{self.namespace}`.`{name}`.`branch_{self.branch}`"
+            )
+            for k, v in props.items():
+                writer = writer.option(f"snapshot-property.{k}", v)
+            crash_point("ingest.before-commit")  # nothing written yet for this table
+            writer.option("check-nullability", "false").append()  # the stage fills the required columns
+
+        self._commit(name, positions, write)
+
+    def record(self, name: str, positions: Mapping[str, int]) -> None:
+        """Commit `positions` (merged with what the table holds) without rows."""
+
+        def write(props: Mapping[str, str]) -> None:
+            table = self.catalog.load_table((self.namespace, name))
+            _append(table, props, self.branch)
+
+        self._commit(name, positions, write)
+
+    def _commit(self, name: str, positions: Mapping[str, int], write: Callable[[Mapping[str, str]], None]) -> None:
+        """`write` a snapshot with `positions` (merged with what the table holds) to the run's
+        branch, made at `main`; then move `main` to it, if `main` has not moved meanwhile."""
+        for _ in range(COMMIT_ATTEMPTS):
+            base = self.tables[name].current_snapshot()
+            assert base is not None  # `_load` gives every table a first snapshot
+            try:
+                self.tables[name].manage_snapshots().create_branch(
+                    base.snapshot_id, self.branch, max_ref_age_ms=BRANCH_AGE_MS
+                ).commit()
+            except CommitFailedException:  # another commit came in between
+                self._moved(name)
+                continue
+            self.branched.add(name)
+            try:
+                write(self._props(self._merged(name, positions)))
+            except CommitFailedException:  # another commit came in between
+                self._moved(name)
+                continue
+            crash_point("ingest.before-publish")  # the snapshot is on the run's branch, not in the table
+            if self._publish(name, base.snapshot_id):
+                crash_point("ingest.after-commit")
+                self._load(name)
+                return
+        raise ConcurrentWriterError(
+            f"table {self.namespace}.{name}: other commits came in between each of {COMMIT_ATTEMPTS} attempts "
+            "to commit a batch; nothing of it was committed. Rerun: it resumes where the tables are"
+        )
+
+    def _publish(self, name: str, base: int) -> bool:
+        """Move `main` to the run's branch if `main` is still at `base`; False (and the table
+        reloaded) if a commit that did not move the positions came in between."""
+        table = self.catalog.load_table((self.namespace, name))
+        head = table.refs()[self.branch].snapshot_id
+        main, snapshot = table.current_snapshot(), table.snapshot_by_id(head)
+        if main and main.snapshot_id == base and snapshot and snapshot.parent_snapshot_id == base:
+            try:  # a ref update: pyiceberg does not retry it, and it asserts `main` is `base`
+                table.manage_snapshots().set_current_snapshot(snapshot_id=head).commit()
+                return True
+            except CommitFailedException:
+                pass
+        self._moved(name)
+        return False
+
+    def _moved(self, name: str) -> None:
+        """After a conflicting commit: reload the table; stop if its positions moved."""
+        held = self.positions[name]
+        self._load(name)
+        if self.positions[name] != held:
+            self.conflict(name)
+
+    def conflict(self, name: str) -> None:
+        """Stop: another writer moved the table's positions past what this run read."""
+        other = summary_value(self.tables[name], WRITER_PROPERTY, with_key=POSITIONS_PROPERTY) or "another writer"
+        raise ConcurrentWriterError(
+            f"table {self.namespace}.{name}: {other} committed positions while this ingest was writing; "
+            "nothing of this batch was committed to it and this run stops. Run one ingest per table at a "
+            "time; a rerun resumes where the tables are"
+        )
+
+    def close(self) -> None:
+        """Remove the run's branch (best effort: a branch left behind expires with
+        `BRANCH_AGE_MS` at the next snapshot expiry)."""
+        for name in sorted(self.branched):
+            try:
+                table = self.catalog.load_table((self.namespace, name))
+                if self.branch in table.refs():
+                    table.manage_snapshots().remove_branch(self.branch).commit()
+            except Exception as e:  # noqa: BLE001 - cleanup only
+                log.debug("could not remove branch %s of %s: %s", self.branch, name, e)
+        self.branched.clear()
+
+
+def _append(table: Table, props: Mapping[str, str], branch: str, **kw: Any) -> None:
+    """A commit without rows (by pyiceberg), a conflict always as `CommitFailedException`."""
+    try:
+        append_with_positions(table, table.schema().as_arrow().empty_table(), None, props, branch=branch, **kw)
+    except ValueError as e:  # pyiceberg's word for a snapshot built on stale metadata (sequence numbers)
+        if "sequence number" not in str(e):
+            raise
+        raise CommitFailedException(str(e)) from e
+
+
+def _layout(name: str) -> pa.Schema:
+    return LOG_SCHEMA if name.endswith(LOG_SUFFIX) else DEAD_LETTER_SCHEMA
