@@ -14,7 +14,7 @@ from connector.pipeline import IngestJob, IngestStats
 from connector.sources import load_source
 from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import CompactionPolicy
-from iceberg.compaction.stats import load_optional, stream_stats
+from iceberg.compaction.stats import load_optional, quota_usage, stream_stats
 from iceberg.layouts import TableNames, source_tables
 from iceberg.maintenance import MaintenancePolicy
 from quotas.ledger import QuotaGate, table_quota, validate
@@ -51,16 +51,9 @@ def table_names(settings: Settings, catalog: Catalog, only: list[str] | None = N
 
 
 def load_usage(settings: Settings, catalog: Catalog, tables: list[str] | None = None) -> dict[str, dict[str, int]]:
-    """Per table and stream: bytes held in state + tombstones plus dirty bytes in the log."""
-    policy, now = policy_of(settings), datetime.now(UTC)
-    return {
-        n.table: {
-            s.stream: s.clean_bytes + s.dirty_bytes
-            for s in stream_stats(catalog, n, policy, now)
-            if s.clean_bytes or s.dirty_bytes
-        }
-        for n in table_names(settings, catalog, tables)
-    }
+    """Per table and stream: bytes held in state + tombstones plus dirty bytes in the log
+    (`stats.quota_usage`: no state row is read)."""
+    return {n.table: quota_usage(catalog, n) for n in table_names(settings, catalog, tables)}
 
 
 def validate_tables(settings: Settings, catalog: Catalog) -> None:

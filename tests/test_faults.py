@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from connector.app import load_usage
 from connector.core.failures import describe
 from iceberg.catalog import load_catalog
 from tests.conftest import kcat_lines
@@ -47,6 +48,7 @@ def test_a_lost_data_file_or_damaged_metadata_is_one_line_and_other_tables_go_on
     assert _cli(monkeypatch, s, "compact", "--force").exit_code == 0
     catalog = load_catalog(s)
     alpha = names(s, "alpha")
+    held_before = sum(r["_payload_bytes"] for r in catalog.load_table(alpha.state).scan().to_arrow().to_pylist())
     (task,) = catalog.load_table(alpha.state).scan().plan_files()
     gone = urlparse(task.file.file_path).path
     Path(gone).unlink()
@@ -69,6 +71,20 @@ def test_a_lost_data_file_or_damaged_metadata_is_one_line_and_other_tables_go_on
     assert result.exit_code == 1 and len(out) == 1, result.output
     assert out[0].startswith(f"error: table {beta.state}: its metadata file ") and str(metadata) in out[0], out[0]
     assert "register_table" in out[0]
+
+    # ingest reads no state row, so neither fault stops it: quota usage is what alpha's
+    # commits recorded plus its new event, and every byte of beta's log (its state unreadable)
+    lines += kcat_lines("db.s.beta", [_pg("u", 1, 20, "beta")], [{"id": 1}], ts0=1_800_000_000_000)
+    lines[-1] = json.dumps(json.loads(lines[-1]) | {"offset": 3})
+    write_lines(tmp_path / "in.jsonl", lines)
+    assert _cli(monkeypatch, s, "ingest").exit_code == 0
+    logged = {t: catalog.load_table(names(s, t).log).scan().to_arrow().to_pylist() for t in ("alpha", "beta")}
+    assert [len(rows) for rows in logged.values()] == [4, 4]
+    usage = {t: sum(u.values()) for t, u in load_usage(s, catalog).items()}
+    assert usage == {
+        "alpha": held_before + next(r["payload_bytes"] for r in logged["alpha"] if r["offset"] == "3"),
+        "beta": sum(r["payload_bytes"] for r in logged["beta"]),
+    }
 
 
 def test_a_full_disk_names_the_table_and_the_file():

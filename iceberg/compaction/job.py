@@ -39,7 +39,14 @@ from iceberg import leases
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
 from iceberg.compaction.retain import purge_predicate
-from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, cleaner_points, load_optional, stream_stats
+from iceberg.compaction.stats import (
+    CLEANER_POINTS_PROPERTY,
+    STREAM_BYTES_PROPERTY,
+    clean_bytes,
+    cleaner_points,
+    load_optional,
+    stream_stats,
+)
 from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
 from iceberg.log_writer import POSITIONS_PROPERTY, summary_value
 from iceberg.maintenance import Upkeep, maintain, sql_literal
@@ -201,6 +208,7 @@ class Round:
         self.ranked: DataFrame | None = None
         self.stale_rows: DataFrame | None = None
         self.columns: dict[str, str] = {}
+        self.bytes: dict[str, dict[str, int]] = {}  # per table (state, tombstones): bytes per stream
 
     def run(self, force: bool) -> CompactionReport:
         started = time.monotonic()
@@ -224,7 +232,15 @@ class Round:
     def plan(self, force: bool) -> None:
         """1. Per stream, the cleanable range and whether it is due, with its packing bounds,
         truncates and order (the planner's one pyiceberg scan of the log)."""
-        stats = {s.stream: s for s in stream_stats(self.catalog, self.names, self.policy, self.now, bounds=True)}
+        names = self.names
+        self.bytes = {t: clean_bytes(load_optional(self.catalog, t)) for t in (names.state, names.tombstones)}
+        clean = {
+            s: self.bytes[names.state].get(s, 0) + self.bytes[names.tombstones].get(s, 0)
+            for s in set(self.bytes[names.state]) | set(self.bytes[names.tombstones])
+        }
+        stats = {
+            s.stream: s for s in stream_stats(self.catalog, names, self.policy, self.now, bounds=True, clean=clean)
+        }
         self.report.ranges = plan(list(stats.values()), self.policy, self.now, force)
         self.report.events = sum(stats[r.stream].cleanable_events for r in self.report.ranges)
         self.ranges = [stats[r.stream] for r in self.report.ranges]
@@ -361,7 +377,40 @@ class Round:
             self.report.upserts -= self.report.refused
         schema.evolve(self.spark, names, plan)
         self.columns = plan.columns
+        self.count_bytes()
         self.step("schema")
+
+    def count_bytes(self) -> None:
+        """The bytes per stream the state and tombstones will hold after the round's MERGEs
+        (recorded with them for ingest's quota usage): a changed key's held row leaves its
+        table, and an upsert (delete) adds its row to the state (tombstones)."""
+        names, changes = self.names, self.changes
+        table = {"s": names.state, "t": names.tombstones}
+        frames = [
+            changes.where(F.col("_action").isin("upsert", "delete")).select(
+                F.when(F.col("_action") == "delete", "t").otherwise("s").alias("_t"),
+                "_topic",
+                "_partition_id",
+                F.col("_payload_bytes").alias("_b"),
+            )
+        ]
+        if self.held_rows is not None:
+            frames.append(
+                self.held_rows.join(changes.select("_key"), "_key", "left_semi").select(
+                    F.when(F.col("_op") == "d", "t").otherwise("s").alias("_t"),
+                    "_topic",
+                    "_partition_id",
+                    (-F.col("_payload_bytes")).alias("_b"),
+                )
+            )
+        delta = reduce(DataFrame.unionByName, frames).groupBy("_t", "_topic", "_partition_id").agg(F.sum("_b"))
+        for t, topic, part, b in delta.collect():
+            held = self.bytes[table[t]]
+            held[f"{topic}:{part}"] = held.get(f"{topic}:{part}", 0) + (b or 0)
+
+    def recorded(self, name: str) -> dict[str, str]:
+        """The snapshot property recording the bytes per stream `name` holds."""
+        return {STREAM_BYTES_PROPERTY: _json({s: b for s, b in sorted(self.bytes[name].items()) if b})}
 
     def write_tombstones(self) -> None:
         """5. MERGE the tombstones: a delete's own, removed for a key written or truncated."""
@@ -386,7 +435,7 @@ class Round:
             "delete",
             tombstones in self.held_tables,
         )
-        writes.merge(self.spark, sql, {})
+        writes.write(self.spark, self.catalog, tombstones, sql, self.recorded(tombstones))
         self.step("merge tombstones")
         crash_point("compact.after-tombstones")
 
@@ -415,9 +464,9 @@ class Round:
             STATS_PROPERTY: _json(report.summary()["ranges"]),
             STALE_PROPERTY: _json(dict(sorted(report.stale_reasons.items()))),
             **({TRUNCATE_PROPERTY: self.table_truncate.to_json()} if self.table_truncate else {}),
+            **self.recorded(names.state),
         }
         meta = [n for n, _ in META_COLUMNS]
-        before = catalog.load_table(names.state).current_snapshot()
         sql = writes.write_sql(
             names.spark(names.state),
             "cdclake_changes",
@@ -425,13 +474,7 @@ class Round:
             "upsert",
             names.state in self.held_tables,
         )
-        writes.merge(self.spark, sql, props)
-        after = catalog.load_table(names.state).current_snapshot()
-        if after is None or (before is not None and after.snapshot_id == before.snapshot_id):
-            # Nothing changed (every event was stale): record the cleaner points alone.
-            state = catalog.load_table(names.state)
-            with state.transaction() as tx:
-                tx.append(state.schema().as_arrow().empty_table(), snapshot_properties=props)
+        writes.write(self.spark, catalog, names.state, sql, props)  # every event stale: the properties alone
         self.step("merge state")
         crash_point("compact.after-commit")
 
@@ -439,10 +482,23 @@ class Round:
         """7. Purge expired tombstones (idempotent, its own commit)."""
         tombstones = self.names.spark(self.names.tombstones)
         purge = purge_predicate(self.now)
-        may = _may_expire(self.catalog, self.names.tombstones, self.now)
-        self.report.purged = self.spark.table(tombstones).where(purge).count() if may else 0
+        if not _may_expire(self.catalog, self.names.tombstones, self.now):
+            self.step("purge")
+            return
+        gone = (
+            self.spark.table(tombstones)
+            .where(purge)
+            .groupBy("_topic", "_partition_id")
+            .agg(F.count(F.lit(1)), F.sum("_payload_bytes"))
+            .collect()
+        )
+        self.report.purged = sum(n for _, _, n, _ in gone)
         if self.report.purged:
-            self.spark.sql(f"DELETE FROM {tombstones} WHERE {purge}")
+            held = self.bytes[self.names.tombstones]
+            for topic, part, _, b in gone:
+                held[f"{topic}:{part}"] = held.get(f"{topic}:{part}", 0) - (b or 0)
+            name = self.names.tombstones
+            writes.write(self.spark, self.catalog, name, f"DELETE FROM {tombstones} WHERE {purge}", self.recorded(name))
         self.step("purge")
 
     def maintain(self) -> None:
@@ -450,7 +506,7 @@ class Round:
         names = self.names
         upkeep = [
             Upkeep(names.state, CLEANER_POINTS_PROPERTY),
-            Upkeep(names.tombstones),
+            Upkeep(names.tombstones, STREAM_BYTES_PROPERTY),
             *[
                 Upkeep(n, POSITIONS_PROPERTY, append_only=True)
                 for n in (names.log, names.dead_letters)

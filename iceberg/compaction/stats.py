@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,11 +18,16 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import And, GreaterThan, GreaterThanOrEqual
 from pyiceberg.table import DataScan, FileScanTask, Table
 
+from iceberg.catalog import TableUnreadableError
 from iceberg.compaction.policy import CompactionPolicy, StreamStats
 from iceberg.layouts import TableNames
 from iceberg.log_writer import committed_positions, summary_value
 
+log = logging.getLogger(__name__)
 CLEANER_POINTS_PROPERTY = "cdclake.cleaner-points"
+# Bytes (key + payload) a state or tombstone table holds per stream, recorded by each of the
+# round's commits to it: the quota usage ingest reads without reading the table's rows.
+STREAM_BYTES_PROPERTY = "cdclake.stream-bytes"
 
 
 def load_optional(catalog: Catalog, name: str) -> Table | None:
@@ -82,6 +88,53 @@ def clean_bytes(*tables: Table | None) -> dict[str, int]:
             for topic, part, n in zip(*(grouped.column(i).to_pylist() for i in range(3))):
                 out[f"{topic}:{part}"] += n or 0
     return out
+
+
+def recorded_bytes(table: Table | None) -> dict[str, int] | None:
+    """The bytes per stream the table's newest commit that recorded them says it holds
+    (metadata only); None for a table with rows and no record (written by an older version)."""
+    if table is None or table.current_snapshot() is None:
+        return {}
+    raw = summary_value(table, STREAM_BYTES_PROPERTY)
+    if raw is None:
+        summary = table.current_snapshot().summary  # type: ignore[union-attr]
+        rows = int(summary.additional_properties.get("total-records", 1)) if summary else 1
+        return {} if rows == 0 else None
+    return {k: int(v) for k, v in json.loads(raw).items()}
+
+
+def logged_bytes(log: Table, points: dict[str, int]) -> dict[str, int]:
+    """Bytes per stream in the log at or past the stream's cleaner point (all of it without one)."""
+    streams = sorted(committed_positions(log))
+    out: dict[str, int] = defaultdict(int)
+    if not streams:
+        return out
+    dirty = GreaterThanOrEqual("sequence_number", min(points.get(s, 0) for s in streams))  # type: ignore[call-arg,misc]
+    columns = ("topic", "partition", "sequence_number", "payload_bytes")
+    for rows in _chunks(log.scan(row_filter=dirty, selected_fields=columns), CHUNK_ROWS):
+        for stream, mine in _per_stream(rows, points, streams):
+            out[stream] += int(pc.sum(mine["payload_bytes"]).as_py() or 0)
+    return out
+
+
+def quota_usage(catalog: Catalog, names: TableNames) -> dict[str, int]:
+    """Bytes per stream that count against the table's quota: what the state and tombstones
+    hold, as their commits recorded it (their rows are not read), plus the log's bytes past
+    the cleaner points. A state or tombstone table that cannot be read does not stop ingest:
+    every byte of the log counts then (more than the usage: quotas stay enforced)."""
+    log_table = catalog.load_table(names.log)
+    try:
+        state, tombstones = load_optional(catalog, names.state), load_optional(catalog, names.tombstones)
+        points = cleaner_points(state)
+        held = [b if (b := recorded_bytes(t)) is not None else clean_bytes(t) for t in (state, tombstones)]
+    except TableUnreadableError as e:
+        log.warning("%s; until then quota usage counts every byte of the log of %s", e, names.table)
+        points, held = {}, []
+    out = logged_bytes(log_table, points)
+    for h in held:
+        for stream, n in h.items():
+            out[stream] += n
+    return {s: n for s, n in out.items() if n}
 
 
 @dataclass
@@ -218,9 +271,11 @@ def stream_stats(
     now: datetime,
     bounds: bool = False,
     chunk_rows: int = CHUNK_ROWS,
+    clean: dict[str, int] | None = None,
 ) -> list[StreamStats]:
     """Per stream; with `bounds`, also the cleanable range's packing bounds and truncates,
-    from the same scan (the compaction job's first step reads no more than this)."""
+    from the same scan (the compaction job's first step reads no more than this). `clean`:
+    the bytes the state and tombstones hold per stream, when the caller has read them."""
     log = catalog.load_table(names.log)
     state = load_optional(catalog, names.state)
     points = cleaner_points(state)
@@ -250,7 +305,8 @@ def stream_stats(
     for rows in _chunks(log.scan(row_filter=dirty, selected_fields=columns), chunk_rows, "sequence_number"):
         for stream, mine in _per_stream(rows, points, streams):
             _add(totals[stream], mine, young.get(stream), policy if bounds else None)
-    clean = clean_bytes(state, load_optional(catalog, names.tombstones))
+    if clean is None:
+        clean = clean_bytes(state, load_optional(catalog, names.tombstones))
     out = []
     for stream, d in totals.items():
         point = points.get(stream, 0)

@@ -11,7 +11,7 @@ from connector.debezium import decoder_for
 from connector.sources.file import parse_line
 from iceberg.catalog import load_catalog
 from iceberg.compaction.job import compact
-from iceberg.compaction.stats import load_optional
+from iceberg.compaction.stats import load_optional, recorded_bytes
 from iceberg.layouts import TableNames
 from iceberg.maintenance import MaintenancePolicy
 
@@ -56,6 +56,21 @@ def offsets_by_key(settings: Settings, name: str) -> dict[str, str]:
     rows = t.scan(selected_fields=("_key", "_offset")).to_arrow().to_pylist()
     assert len({r["_key"] for r in rows}) == len(rows), f"duplicate keys in {name}"
     return {r["_key"]: r["_offset"] for r in rows}
+
+
+def assert_recorded_bytes_are_held(settings: Settings, table: str) -> None:
+    """The bytes per stream the state's and the tombstones' newest commits recorded (the quota
+    usage ingest reads) equal those of their rows, summed here."""
+    catalog = load_catalog(settings)
+    for name in (names(settings, table).state, names(settings, table).tombstones):
+        t = load_optional(catalog, name)
+        if t is None:
+            continue
+        held: dict[str, int] = {}
+        for r in t.scan(selected_fields=("_topic", "_partition_id", "_payload_bytes")).to_arrow().to_pylist():
+            stream = f"{r['_topic']}:{r['_partition_id']}"
+            held[stream] = held.get(stream, 0) + (r["_payload_bytes"] or 0)
+        assert recorded_bytes(t) == {k: v for k, v in held.items() if v}, name
 
 
 def decoded(path: Path, settings: Settings):

@@ -21,6 +21,7 @@ from iceberg.maintenance import MaintenancePolicy, shape_of
 from tests.conftest import kcat_lines
 from tests.iceberg.helpers import (
     NOW,
+    assert_recorded_bytes_are_held,
     compact_table,
     decoded,
     names,
@@ -241,8 +242,10 @@ def test_tombstones_guard_within_retention_then_are_purged(spark, settings, tmp_
     run_ingest(s)
     r = compact_table(spark, s, "things", now=NOW + timedelta(hours=23))
     assert r.stale == 1 and offsets_by_key(s, names(s, "things").state) == {}
+    assert_recorded_bytes_are_held(s, "things")
     assert compact_table(spark, s, "things", now=NOW + timedelta(hours=24, seconds=1)).purged == 1
     assert offsets_by_key(s, tombs) == {}
+    assert_recorded_bytes_are_held(s, "things")  # the purge's commit records what is left
 
 
 def test_min_compaction_lag_holds_back_young_events(spark, settings, tmp_path):

@@ -17,7 +17,16 @@ from hypothesis import strategies as st
 from iceberg.catalog import load_catalog
 from iceberg.compaction.stats import load_optional
 from iceberg.maintenance import MaintenancePolicy
-from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
+from tests.iceberg.helpers import (
+    assert_recorded_bytes_are_held,
+    compact_table,
+    decoded,
+    names,
+    offsets_by_key,
+    run_ingest,
+    with_source,
+    write_lines,
+)
 from tests.model import expected_tables, stale_events, survivors
 
 pytestmark = pytest.mark.spark
@@ -156,6 +165,7 @@ def test_random_stream_in_random_batches_matches_the_model(spark, settings, stre
         report = compact_table(spark, s, "things", packed=packed, maintenance=EAGER if maintain else None)
         assert not [a for a in report.maintenance if a.startswith("failed")], report.maintenance  # best effort: logged
         stale += report.stale
+        assert_recorded_bytes_are_held(s, "things")
     events = decoded(path, s)
     assert sum(1 for e in events if getattr(e, "reason", None) == "key") == sum(1 for x in stream if x[1] == "junk")
     state, tombs = expected_tables(events, ordering)
