@@ -12,6 +12,7 @@ from connector.core.config import FileSourceConfig, Settings
 from connector.debezium import decoder_for
 from connector.pipeline import IngestJob, IngestStats
 from connector.sources import load_source
+from iceberg import leases
 from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import CompactionPolicy
 from iceberg.compaction.stats import load_optional, quota_usage, stream_stats
@@ -63,14 +64,35 @@ def validate_tables(settings: Settings, catalog: Catalog) -> None:
 
 
 def run_ingest(
-    settings: Settings, on_batch: Callable[[IngestStats], None] | None = None, max_records: int | None = None
+    settings: Settings,
+    on_batch: Callable[[IngestStats], None] | None = None,
+    max_records: int | None = None,
+    wait: float = 0.0,
 ) -> IngestStats:
+    """Ingest what the source holds. One ingest per namespace and source at a time: the run
+    holds their `ingest` lease (waiting up to `wait` seconds for another holder); a second
+    source writing the same table is stopped by the fenced commits (`connector.sinks`)."""
     if isinstance(settings.source, FileSourceConfig) and not settings.source.path:
         from connector.core.errors import ConfigError
 
         raise ConfigError("source.path: set the replay file (config file or CDCLAKE_SOURCE__PATH)")
     catalog = load_catalog(settings)
     validate_tables(settings, catalog)
+    ns, label = settings.catalog.namespace, settings.source.label()
+    lease = leases.acquire(catalog, f"{ns} <- {label}", "ingest", wait, what=f"tables {ns}.* from {label}")  # type: ignore[arg-type]
+    try:
+        return _ingest(settings, catalog, lease, on_batch, max_records)
+    finally:
+        lease.release()
+
+
+def _ingest(
+    settings: Settings,
+    catalog: Catalog,
+    lease: leases.Lease,
+    on_batch: Callable[[IngestStats], None] | None,
+    max_records: int | None,
+) -> IngestStats:
     gate = QuotaGate(settings)
     gate.reset(load_usage(settings, catalog))
 
@@ -91,7 +113,7 @@ def run_ingest(
                 user_on_batch(stats)
 
     job = IngestJob(
-        catalog, settings.catalog.namespace, decoder_for(settings), settings.source.batch_size, gate, on_batch
+        catalog, settings.catalog.namespace, decoder_for(settings), settings.source.batch_size, gate, on_batch, lease
     )
     from connector.pipeline import ingest
     from iceberg.spark import get_spark

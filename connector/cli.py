@@ -41,7 +41,9 @@ ConfigOpt = typer.Option(
     help="TOML config file; CDCLAKE_* environment variables override it (e.g. CDCLAKE_SOURCE__PATH=dump.jsonl).",
 )
 WaitOpt = typer.Option(
-    0.0, help="seconds to wait for another process compacting the same table to finish (default: stop at once)"
+    0.0,
+    help="seconds to wait for another process doing the same work (compacting the table, ingesting "
+    "the source) to finish (default: stop at once)",
 )
 
 
@@ -86,7 +88,7 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log every 
         logging.getLogger("iceberg.compaction.job").setLevel(logging.INFO)
 
 
-def _do_ingest(settings: Settings, max_records: int | None = None):
+def _do_ingest(settings: Settings, max_records: int | None = None, wait: float = 0.0):
     from connector.app import run_ingest
 
     with Progress(
@@ -108,7 +110,7 @@ def _do_ingest(settings: Settings, max_records: int | None = None):
                 console.print(line)
                 last_line = now
 
-        stats = run_ingest(settings, on_batch, max_records)
+        stats = run_ingest(settings, on_batch, max_records, wait)
     table = _table(
         "table",
         "accepted",
@@ -168,13 +170,17 @@ def _do_compact(
 
 @app.command()
 def ingest(
-    config: Path | None = ConfigOpt, max_records: int | None = typer.Option(None, help="stop after this many records")
+    config: Path | None = ConfigOpt,
+    max_records: int | None = typer.Option(None, help="stop after this many records"),
+    wait: float = WaitOpt,
 ) -> None:
     """Read the source from the committed positions and append to the log tables (exactly once).
+    One ingest per source and namespace at a time: while another process ingests the same
+    source, this one stops with a line naming that process, unless --wait gives it time to finish.
 
-    Example: `cdclake ingest -c lake.toml --max-records 100000`"""
+    Example: `cdclake ingest -c lake.toml --max-records 100000 --wait 120`"""
     settings = _settings(config)
-    _guard(lambda: _do_ingest(settings, max_records))
+    _guard(lambda: _do_ingest(settings, max_records, wait))
 
 
 @app.command()
@@ -211,7 +217,7 @@ def run(
 
         start_http_server(metrics_port, addr="127.0.0.1")
     while True:
-        _guard(lambda: _do_ingest(settings))
+        _guard(lambda: _do_ingest(settings, wait=wait))
         _guard(lambda: _do_compact(settings, None, force, wait=wait))
         if every is None:
             return

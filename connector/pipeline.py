@@ -33,6 +33,7 @@ from connector.debezium import Decoder
 from connector.sinks import Sinks
 from connector.sources import Source
 from iceberg.layouts import DEAD_LETTERS_SUFFIX, LOG_SUFFIX
+from iceberg.leases import Lease
 from quotas.errors import QuotaExceededError
 from quotas.metrics import DEAD_LETTERS, EVENTS, REFUSALS
 
@@ -70,6 +71,7 @@ class IngestJob:
     batch_size: int
     gate: QuotaGate | None = None
     on_batch: Callable[[IngestStats], None] | None = None
+    lease: Lease | None = None  # renewed before each commit
 
 
 @dataclass
@@ -97,7 +99,7 @@ def ingest(
     compacted once the other partitions are caught up, and the run resumes; it raises when
     a paused partition made no progress.
     """
-    run = _Run(spark, job, Sinks(job.catalog, job.namespace))
+    run = _Run(spark, job, Sinks(job.catalog, job.namespace, job.lease))
     try:
         return _ingest(source, run, max_records, make_room)
     finally:

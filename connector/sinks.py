@@ -25,6 +25,7 @@ from pyiceberg.table import Table
 from connector.core.errors import ConcurrentWriterError
 from connector.core.faults import crash_point
 from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
+from iceberg.leases import Lease
 from iceberg.log_writer import (
     POSITIONS_PROPERTY,
     WRITER_PROPERTY,
@@ -45,8 +46,8 @@ class Sinks:
     """The log and dead-letter tables of a namespace, created on first use, and the positions
     each has committed; every commit fenced (the module's docstring)."""
 
-    def __init__(self, catalog: Catalog, namespace: str):
-        self.catalog, self.namespace = catalog, namespace
+    def __init__(self, catalog: Catalog, namespace: str, lease: Lease | None = None):
+        self.catalog, self.namespace, self.lease = catalog, namespace, lease
         self.tables: dict[str, Table] = {}
         self.positions: dict[str, dict[str, int]] = {}
         self.writer = f"ingest on {socket.gethostname()} pid {os.getpid()}"
@@ -128,6 +129,8 @@ class Sinks:
         """`write` a snapshot with `positions` (merged with what the table holds) to the run's
         branch, made at `main`; then move `main` to it, if `main` has not moved meanwhile."""
         for _ in range(COMMIT_ATTEMPTS):
+            if self.lease is not None:  # stop before committing if the lease was taken over
+                self.lease.renew()
             base = self.tables[name].current_snapshot()
             assert base is not None  # `_load` gives every table a first snapshot
             try:

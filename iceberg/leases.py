@@ -1,5 +1,6 @@
-"""Leases: at most one holder of a role (`compaction`) per table at a time, enforced by the
-catalog's own database (SQLite or PostgreSQL, the JDBC catalog's).
+"""Leases: at most one holder of a role per table at a time (`compaction`; `ingest`, per
+namespace and source), enforced by the catalog's own database (SQLite or PostgreSQL, the
+JDBC catalog's).
 
 A lease is a row keyed by (catalog, table, role) in `cdclake_leases`; taking a held lease
 fails on the key. A lease lasts `ttl` seconds and its holder renews it as it works; one
@@ -10,6 +11,7 @@ commits.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -71,6 +73,7 @@ class Lease:
     role: str
     holder: str
     ttl: float
+    what: str = ""
 
     def _key(self):
         return and_(
@@ -87,7 +90,8 @@ class Lease:
             ).rowcount
         if not done:
             raise LeaseLostError(
-                f"table {self.table}: the {self.role} lease of this process ran out and another process took it; "
+                f"{self.what or 'table ' + self.table}: the {self.role} lease of this process ran out and "
+                "another process took it; "
                 "this process stops without committing. Rerun it once the other is done"
             )
 
@@ -96,9 +100,15 @@ class Lease:
             conn.execute(delete(LEASES).where(self._key(), LEASES.c.holder == self.holder))
 
 
-def acquire(catalog: SqlCatalog, table: str, role: str, wait: float = 0.0, ttl: float = TTL_SECONDS) -> Lease:
-    """The lease of `role` on `table`, waiting up to `wait` seconds for its holder to finish;
-    `LeaseHeldError` naming the holder if it does not."""
+def acquire(
+    catalog: SqlCatalog, table: str, role: str, wait: float = 0.0, ttl: float = TTL_SECONDS, what: str | None = None
+) -> Lease:
+    """The lease of `role` on `table` (`what` it covers, in errors: default `table <table>`),
+    waiting up to `wait` seconds for its holder to finish; `LeaseHeldError` naming the holder
+    if it does not. `table` is cut to fit the key (with a digest of the rest)."""
+    if len(table) > 255:
+        table = table[:230] + "#" + hashlib.sha256(table.encode()).hexdigest()[:24]
+    what = what or f"table {table}"
     try:
         _META.create_all(catalog.engine, checkfirst=True)
     except (OperationalError, ProgrammingError):
@@ -110,6 +120,7 @@ def acquire(catalog: SqlCatalog, table: str, role: str, wait: float = 0.0, ttl: 
         role,
         f"{role} on {socket.gethostname()} pid {os.getpid()} since {since} ({uuid.uuid4().hex[:8]})",
         ttl,
+        what,
     )
     deadline = time.monotonic() + wait
     while True:
@@ -140,7 +151,7 @@ def acquire(catalog: SqlCatalog, table: str, role: str, wait: float = 0.0, ttl: 
         if time.monotonic() >= deadline:
             until = datetime.fromtimestamp(row.expires_ms / 1000, UTC).isoformat(timespec="seconds")
             raise LeaseHeldError(
-                f"table {table}: {row.holder} is running (its lease lasts until {until} unless renewed); "
-                f"this {role} stops. Run one {role} per table at a time, or pass --wait SECONDS to wait for it"
+                f"{what}: {row.holder} is running (its lease lasts until {until} unless renewed); "
+                f"this {role} stops. Run one {role} of it at a time, or pass --wait SECONDS to wait for it"
             )
         time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))

@@ -85,6 +85,10 @@ class FileSourceConfig(_SourceBase):
     path: str | None = Field(None, description="a kcat -J dump (JSON lines), a directory of them, or a glob")
     topic: str | None = Field(None, description="topic for file lines that carry none")
 
+    def label(self) -> str:
+        """What the source is, without a secret (names the ingest lease)."""
+        return f"file {self.path}"
+
 
 _STARTING: Any = Field(
     "earliest",
@@ -107,6 +111,10 @@ class _KafkaCommon(_SourceBase):
     def kafka_settings(self) -> dict[str, str]:
         """librdkafka settings (hold the secret)."""
         raise NotImplementedError
+
+    def label(self) -> str:
+        """What the source is, without a secret (names the ingest lease)."""
+        return f"{self.type} {self.kafka_settings()['bootstrap.servers']} topics {','.join(self.topics)}"  # type: ignore[attr-defined]
 
 
 class KafkaSourceConfig(_KafkaCommon):
@@ -194,6 +202,13 @@ class EventHubsSourceConfig(_SourceBase):
         if bool(self.checkpoint_connection_string) != bool(self.checkpoint_container):
             raise ValueError("source.checkpoint_connection_string and source.checkpoint_container go together")
         return self
+
+    def label(self) -> str:
+        """What the source is, without a secret (names the ingest lease)."""
+        cs = self.connection_string.get_secret_value()
+        host = re.search(r"Endpoint=sb://([^/;]+)", cs)
+        hub = self.event_hub or re.search(r"EntityPath=([^;]+)", cs)[1]  # type: ignore[index]
+        return f"eventhubs {host[1] if host else '?'}/{hub}"
 
     def eventhubs_options(self) -> dict[str, str]:
         """Options of the Event Hubs reader (hold the secret)."""

@@ -247,3 +247,46 @@ def test_concurrent_ingests_of_one_input_add_each_record_once(spark, settings, t
         assert all(len(m.splitlines()) == 1 for m in stopped)
         ingest(spark, FileSource(path), IngestJob(load_catalog(settings), ns, Decoder(), 7))
         assert _held(load_catalog(settings), ns) == want, outcomes
+
+
+def test_a_second_ingest_of_one_source_stops_at_once_naming_the_first_or_waits_for_it(spark, settings, tmp_path):
+    """Through `run_ingest` (the CLI's route): the first run holds the source's `ingest` lease
+    while it works (held here after its first batch); a second stops before reading anything,
+    with one line naming the tables, the source and the first run; one given `wait` runs
+    once the first is done and finds nothing left to add."""
+    import os
+    import socket
+    import threading
+
+    from connector.app import run_ingest
+    from iceberg.leases import LeaseHeldError
+    from tests.iceberg.helpers import with_source
+
+    lines = _mixed_lines(30)
+    path = write_lines(tmp_path / "dump.jsonl", lines)
+    s = with_source(settings, path)
+    s = s.model_copy(update={"source": s.source.model_copy(update={"batch_size": 7})})
+    working, tried, done = threading.Event(), threading.Event(), []
+
+    def hold(stats):
+        working.set()
+        tried.wait(60)
+
+    first = threading.Thread(target=lambda: done.append(("first", run_ingest(s, hold).records)))
+    first.start()
+    assert working.wait(120)
+    with pytest.raises(LeaseHeldError) as e:
+        run_ingest(s)
+    line = str(e.value)
+    assert len(line.splitlines()) == 1
+    assert line.startswith(f"tables {s.catalog.namespace}.* from file {path}: ingest on ") and (
+        f"{socket.gethostname()} pid {os.getpid()}" in line and "--wait" in line
+    ), line
+    second = threading.Thread(target=lambda: done.append(("second", run_ingest(s, wait=120).records)))
+    second.start()
+    tried.set()
+    first.join(180)
+    second.join(180)
+    assert done == [("first", len(lines)), ("second", 0)]
+    want = sorted((d["topic"], d["partition"], d["offset"]) for d in map(json.loads, lines))
+    assert _held(load_catalog(s), s.catalog.namespace) == want
