@@ -84,6 +84,8 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log every 
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not verbose:  # librdkafka's retries while a broker is away: the error says it once
+        logging.getLogger("librdkafka").setLevel(logging.CRITICAL)
     if not console.is_terminal:  # no spinner in a log file: the compaction steps are the progress
         logging.getLogger("iceberg.compaction.job").setLevel(logging.INFO)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -29,8 +30,8 @@ def spark_jars(settings: Settings) -> list[str]:
     return jars
 
 
-def configure_spark(builder: SparkSession.Builder, settings: Settings) -> SparkSession.Builder:
-    """Takes a builder, returns it with jars, the Iceberg extensions and the catalog set."""
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """Jars, the Iceberg extensions and the catalog, as Spark configuration."""
     name = settings.catalog.name
     prefix = f"spark.sql.catalog.{name}"
     conf = {
@@ -59,10 +60,39 @@ def configure_spark(builder: SparkSession.Builder, settings: Settings) -> SparkS
         **{f"{prefix}.{k}": v for k, v in settings.catalog.properties.items()},
         **settings.spark.conf,
     }
+    return conf
+
+
+def configure_spark(builder: SparkSession.Builder, settings: Settings) -> SparkSession.Builder:
+    """Takes a builder, returns it with jars, the Iceberg extensions and the catalog set."""
     builder = builder.master(settings.spark.master).appName("cdclake")
-    for k, v in conf.items():
+    for k, v in spark_conf(settings).items():
         builder = builder.config(k, v)
     return builder
+
+
+def spark_log(settings: Settings) -> Path:
+    return settings.root / "logs" / "spark.log"
+
+
+def _launch_jvm_quietly(settings: Settings) -> None:
+    """Starts the driver's JVM with its output (Spark's and the JVM's start-up lines, the Kafka
+    client's retries, the Python workers' stderr) appended to `<work_dir>/logs/spark.log`
+    instead of the console, unless logging is verbose (`-v`). What fails reaches Python as an
+    exception either way."""
+    from pyspark import SparkConf
+    from pyspark.core.context import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or logging.getLogger().isEnabledFor(logging.INFO):
+        return
+    path = spark_log(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conf = SparkConf(loadDefaults=False).setMaster(settings.spark.master).setAppName("cdclake")
+    conf.setAll(list(spark_conf(settings).items()))
+    with open(path, "ab") as out:  # the JVM keeps its own descriptor
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 def get_spark(settings: Settings) -> SparkSession:
@@ -71,6 +101,7 @@ def get_spark(settings: Settings) -> SparkSession:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    _launch_jvm_quietly(settings)
     spark = configure_spark(SparkSession.builder, settings).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

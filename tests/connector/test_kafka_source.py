@@ -216,3 +216,39 @@ def test_starting_position_for_new_partitions(settings, kafka, start, expected):
     run_ingest(s)
     exists = load_catalog(s).table_exists(names(s, table).log)
     assert (log_positions(s, table) if exists else []) == expected
+
+
+@pytest.mark.spark
+def test_a_broker_outage_through_the_cli_is_one_line_without_third_party_output(settings, kafka, tmp_path):
+    """`cdclake ingest` in its own process with the broker down: exit 1, and everything it
+    prints (stdout and stderr: Spark's, the JVM's, librdkafka's) is the one error line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    topic = new_topic(kafka, 1)
+    produce(kafka, topic, [(0, 1, "c")])
+    env = {
+        **os.environ,
+        "CDCLAKE_WORK_DIR": str(tmp_path / "lake"),
+        "CDCLAKE_SOURCE__TYPE": "kafka",
+        "CDCLAKE_SOURCE__BOOTSTRAP_SERVERS": kafka.bootstrap,
+        "CDCLAKE_SOURCE__TOPICS": json.dumps([topic]),
+        "CDCLAKE_SOURCE__UNAVAILABLE_TIMEOUT_SECONDS": "5",
+    }
+    kafka.stop()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "connector.cli", "ingest"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    finally:
+        kafka.start()
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 1 and len(lines) == 1, lines[:40]
+    assert lines[0].startswith("error: ") and "unreachable for 5s" in lines[0] and kafka.bootstrap in lines[0]
