@@ -1,7 +1,8 @@
 """The one catalog shared by pyiceberg (`SqlCatalog`) and Spark (Iceberg `JdbcCatalog`).
 
-Both read and write the same `iceberg_tables` rows in the same SQLite file, scoped by the
-same catalog name, so a table either side writes is visible to the other.
+Both read and write the same `iceberg_tables` rows in the same database (a SQLite file by
+default, PostgreSQL in production), scoped by the same catalog name, so a table either
+side writes is visible to the other.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
-from sqlalchemy import select
+from sqlalchemy import make_url, select
 from sqlalchemy.orm import Session
 
 from connector.core.errors import ConnectorError
@@ -69,7 +70,7 @@ def load_catalog(settings: Settings) -> SqlCatalog:
             "(or CDCLAKE_WORK_DIR) to a writable directory"
         ) from None
     catalog = Catalog(
-        settings.catalog.name, uri=settings.catalog_uri, warehouse=settings.warehouse, **settings.catalog.properties
+        settings.catalog.name, uri=sqlalchemy_uri(settings), warehouse=settings.warehouse, **settings.catalog.properties
     )
     try:
         catalog.create_namespace(settings.catalog.namespace)
@@ -78,12 +79,34 @@ def load_catalog(settings: Settings) -> SqlCatalog:
     return catalog
 
 
-def jdbc_uri(sqlalchemy_uri: str) -> str:
-    """`sqlite:////abs/path.db` (SQLAlchemy) -> `jdbc:sqlite:/abs/path.db` (sqlite-jdbc)."""
-    prefix = "sqlite:///"
-    if sqlalchemy_uri.startswith(prefix):
-        return "jdbc:sqlite:" + sqlalchemy_uri[len(prefix) :]
-    if sqlalchemy_uri.startswith("postgresql"):
-        rest = sqlalchemy_uri.split("://", 1)[1].split("@")[-1]
-        return "jdbc:postgresql://" + rest
-    raise ValueError(f"catalog.uri {sqlalchemy_uri!r}: only sqlite and postgresql catalogs are supported")
+def sqlalchemy_uri(settings: Settings) -> str:
+    """The catalog's SQLAlchemy URI for pyiceberg, with the password and, for PostgreSQL, the
+    connect and statement timeouts (never logged: it holds the password)."""
+    url = make_url(settings.catalog_uri)
+    if url.get_backend_name() != "postgresql":
+        return settings.catalog_uri
+    if settings.catalog.password is not None:
+        url = url.set(password=settings.catalog.password.get_secret_value())
+    seconds = settings.catalog.timeout_seconds
+    query = {"connect_timeout": str(max(1, round(seconds))), "options": f"-c statement_timeout={int(seconds * 1000)}"}
+    return url.update_query_dict({**query, **url.query}).render_as_string(hide_password=False)
+
+
+def jdbc_properties(settings: Settings) -> dict[str, str]:
+    """Iceberg's `JdbcCatalog` properties for the same catalog: `uri` (`sqlite:////abs/path.db`
+    -> `jdbc:sqlite:/abs/path.db`; `postgresql://user@host:port/db` ->
+    `jdbc:postgresql://host:port/db` with `jdbc.user`, `jdbc.password` and the timeouts)."""
+    url = make_url(settings.catalog_uri)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        return {"uri": "jdbc:sqlite:" + (url.database or "")}
+    if backend != "postgresql":
+        raise ValueError(f"catalog.uri {settings.catalog_uri!r}: only sqlite and postgresql catalogs are supported")
+    seconds = str(max(1, round(settings.catalog.timeout_seconds)))
+    return {
+        "uri": f"jdbc:postgresql://{url.host or '127.0.0.1'}:{url.port or 5432}/{url.database or ''}",
+        **({"jdbc.user": url.username} if url.username else {}),
+        **({"jdbc.password": settings.catalog.password.get_secret_value()} if settings.catalog.password else {}),
+        "jdbc.connectTimeout": seconds,
+        "jdbc.socketTimeout": seconds,
+    }

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from connector.core.errors import SetupError
-from iceberg.catalog import jdbc_uri
+from iceberg.catalog import jdbc_properties
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,6 +30,15 @@ def spark_jars(settings: Settings) -> list[str]:
     return jars
 
 
+def file_io(settings: Settings) -> dict[str, str]:
+    """The catalog's FileIO properties for Iceberg in Spark: the configured ones, with
+    `S3FileIO` (iceberg-aws-bundle) for a warehouse on S3 unless `io-impl` names another."""
+    props = dict(settings.catalog.properties)
+    if settings.warehouse.startswith(("s3://", "s3a://")):
+        props.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
+    return props
+
+
 def spark_conf(settings: Settings) -> dict[str, str]:
     """Jars, the Iceberg extensions and the catalog, as Spark configuration."""
     name = settings.catalog.name
@@ -39,7 +48,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "jdbc",
-        f"{prefix}.uri": jdbc_uri(settings.catalog_uri),
+        **{f"{prefix}.{k}": v for k, v in jdbc_properties(settings).items()},
         f"{prefix}.warehouse": settings.warehouse,
         # pyiceberg commits to the same tables: always read the current metadata.
         f"{prefix}.cache-enabled": "false",
@@ -57,7 +66,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # G1's concurrent work competes with the tasks for the few cores a local driver has:
         # the parallel collector measured 15-35% faster on the compaction's sort and shuffle.
         "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
-        **{f"{prefix}.{k}": v for k, v in settings.catalog.properties.items()},
+        **{f"{prefix}.{k}": v for k, v in file_io(settings).items()},
         **settings.spark.conf,
     }
     return conf

@@ -9,6 +9,17 @@ if [ ! -f .venv/.stamp ] || [ pyproject.toml -nt .venv/.stamp ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
   touch .venv/.stamp
 fi
+# PostgreSQL (the production catalog's tests): Debian's server, stopped again after install
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing PostgreSQL (apt-get install postgresql)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+      || echo "PostgreSQL could not be installed: its tests are skipped" >&2
+    service postgresql stop >/dev/null 2>&1 || true
+  else
+    echo "no PostgreSQL server (apt-get install postgresql as root): its tests are skipped" >&2
+  fi
+fi
 bash infra/fetch-jars.sh
 .venv/bin/python infra/kafka_broker.py fetch >/dev/null   # broker jars for the Kafka tests
 # Azurite (Azure Blob emulator) for the checkpoint-store tests; 3.35 is the last for Node 20.

@@ -75,18 +75,52 @@ def _one_spark_session(request):
 SASL_PASSWORD = "Endpoint=sb://cdclake-test.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=s3cr3t="
 
 
+def infra(name: str):
+    """A script of `infra/` as a module (they are scripts, not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "infra" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory):
     """One real KRaft broker for the run (PLAINTEXT and SASL_PLAINTEXT listeners on 127.0.0.1)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "infra" / "kafka_broker.py"
-    spec = importlib.util.spec_from_file_location("kafka_broker", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    broker = module.KafkaBroker(tmp_path_factory.mktemp("kafka"), sasl_password=SASL_PASSWORD).start()
+    broker = infra("kafka_broker").KafkaBroker(tmp_path_factory.mktemp("kafka"), sasl_password=SASL_PASSWORD).start()
     yield broker
     broker.stop()
+
+
+PG_PASSWORD = "pg-s3cr3t-for-tests"
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server (Debian's package, infra/postgres.py) on a free 127.0.0.1 port."""
+    import shutil
+    import tempfile
+
+    module = infra("postgres")
+    try:
+        module.binaries()
+    except FileNotFoundError as e:
+        pytest.skip(f"{e} (infra/setup.sh installs it where it runs as root)")
+    where = tempfile.mkdtemp(prefix="cdclake-pg-")  # outside pytest's private tree: the server runs as `postgres`
+    server = module.PostgresServer(where, password=PG_PASSWORD).start()
+    yield server
+    server.stop()
+    shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """moto's S3 server (infra/s3_server.py) on a free 127.0.0.1 port, with a bucket `lake`."""
+    server = infra("s3_server").S3Server(tmp_path_factory.mktemp("s3")).start(("lake",))
+    yield server
+    server.stop()
 
 
 AZURITE_KEY = (

@@ -40,18 +40,33 @@ class _Section(BaseModel):
 
 class CatalogConfig(_Section):
     name: str = Field("lake", description="catalog name, the same for pyiceberg and Spark")
-    uri: str | None = Field(None, description="SQLAlchemy URI of the SQL catalog; default <work_dir>/catalog.db")
+    uri: str | None = Field(
+        None,
+        description="SQLAlchemy URI of the SQL catalog: sqlite:////abs/catalog.db (default <work_dir>/catalog.db) "
+        "or postgresql+psycopg://user@host:port/db, shared by pyiceberg and Spark's JdbcCatalog",
+    )
+    password: SecretStr | None = Field(None, description="the PostgreSQL user's password (CDCLAKE_CATALOG__PASSWORD)")
+    timeout_seconds: float = Field(
+        30.0, gt=0, description="PostgreSQL: connecting, and each catalog statement, give up after this"
+    )
 
     @field_validator("uri")
     @classmethod
     def _known_scheme(cls, uri: str | None) -> str | None:
         if uri is not None and not re.match(r"^(sqlite:///|postgresql(\+\w+)?://)", uri):
-            raise ValueError(f"{uri!r}: give sqlite:////abs/path/catalog.db or postgresql://user:pass@host/db")
+            raise ValueError(f"{uri!r}: give sqlite:////abs/path/catalog.db or postgresql+psycopg://user@host:port/db")
+        if uri is not None and re.match(r"^postgresql[^:]*://[^/@]*:[^/@]*@", uri):
+            raise ValueError("holds a password: give it in catalog.password (or CDCLAKE_CATALOG__PASSWORD) instead")
         return uri
 
-    warehouse: str | None = Field(None, description="warehouse location; default <work_dir>/warehouse")
+    warehouse: str | None = Field(
+        None, description="warehouse location: a path, s3://bucket/prefix, abfs://...; default <work_dir>/warehouse"
+    )
     namespace: str = "cdc"
-    properties: dict[str, str] = Field(default_factory=dict, description="extra FileIO properties (s3.*, adls.*)")
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="FileIO properties for pyiceberg and Spark's catalog alike (s3.endpoint, s3.access-key-id, ...)",
+    )
 
 
 EVENTHUBS_KAFKA_PORT = 9093

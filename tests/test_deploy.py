@@ -1,0 +1,164 @@
+"""The whole pipeline on the production stores, through the CLI with a config file as a user
+writes it: a PostgreSQL catalog (Debian's server, infra/postgres.py) and a warehouse on S3
+(moto's server, infra/s3_server.py). Ingest in two runs, compaction with maintenance after
+each, status, quotas and a query; the tables then equal the model of the stream."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from connector.core.config import load_settings
+from tests.conftest import PG_PASSWORD, kcat_lines
+from tests.iceberg.helpers import decoded, names, offsets_by_key, write_lines
+from tests.model import expected_tables
+
+pytestmark = pytest.mark.spark
+TOPIC, TABLE = "pg.inventory.items", "items"
+
+
+def _stream(path: Path) -> Path:
+    """Creates, updates and deletes (each delete followed by its tombstone) over 12 keys."""
+    values, keys = [], []
+    for i in range(60):
+        key, op = i % 12, ("c" if i < 12 else "d" if i % 7 == 0 else "u")
+        after = None if op == "d" else {"id": key, "n": i}
+        source = {"connector": "postgresql", "table": "items", "lsn": 100 + i}
+        values.append(json.dumps({"op": op, "after": after, "source": source}))
+        keys.append({"id": key})
+        if op == "d":
+            values.append(None)
+            keys.append({"id": key})
+    return write_lines(path, kcat_lines(TOPIC, values, keys))
+
+
+def _toml(value) -> str:
+    return (
+        json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+    )
+
+
+def _config(tmp_path: Path, stream: Path, catalog: dict, namespace: str) -> Path:
+    properties = catalog.pop("properties", {})
+    lines = [
+        f"work_dir = {json.dumps(str(tmp_path / 'work'))}",
+        "[source]",
+        'type = "file"',
+        f"path = {json.dumps(str(stream))}",
+        "batch_size = 25",
+        "[catalog]",
+        f'namespace = "{namespace}"',
+        *[f"{k} = {_toml(v)}" for k, v in catalog.items()],
+        "[catalog.properties]",
+        *[f'"{k}" = "{v}"' for k, v in properties.items()],
+        "[maintenance]",  # every round expires and rewrites what it can, orphan files included
+        "snapshot_retention_hours = 0",
+        "rewrite_files = 2",
+        "orphan_age_hours = 0.001",
+        f"[tables.{TABLE}]",
+        'key_fields = ["id"]',
+    ]
+    path = tmp_path / "cdclake.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _whole_pipeline(spark, tmp_path: Path, catalog: dict, env: dict[str, str], monkeypatch) -> object:
+    """Runs every command on the stores; returns the settings (for reading the tables)."""
+    from connector.cli import app
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    stream = _stream(tmp_path / "in.jsonl")
+    config = _config(tmp_path, stream, dict(catalog), f"d{tmp_path.name[-6:].replace('-', '_')}")
+    runner, out = CliRunner(), {}
+    try:
+        for args in (
+            ["ingest", "--max-records", "40"],
+            ["compact", "--force"],
+            ["ingest"],
+            ["compact", "--force"],
+            ["status", "--json"],
+            ["quotas", "--json"],
+        ):
+            result = runner.invoke(app, [args[0], "-c", str(config), *args[1:]])
+            assert result.exit_code == 0, (args, result.output, repr(result.exception)[:3000])
+            assert "failed" not in result.output, (args, result.output)  # maintenance is best effort: logged
+            out[args[0]] = out.get(args[0], "") + result.output
+        settings = load_settings(config)
+        assert "maintenance: rewrite" in out["compact"], out["compact"]  # maintenance ran on the store
+        statuses = json.loads(out["status"])
+        assert statuses and {s["table"] for s in statuses} == {TABLE}
+        assert all(s["dirty_events"] == 0 for s in statuses), statuses
+        state, tombstones = expected_tables(decoded(stream, settings), "source")
+        assert offsets_by_key(settings, names(settings, TABLE).state) == state
+        assert offsets_by_key(settings, names(settings, TABLE).tombstones) == tombstones
+        ns = settings.catalog.namespace
+        result = runner.invoke(
+            app, ["query", "-c", str(config), f"SELECT count(*) AS live FROM {ns}.{TABLE} WHERE id >= 0"]
+        )
+        assert result.exit_code == 0 and f" {len(state)} " in result.output, result.output
+        return settings
+    finally:
+        spark.conf.set("spark.sql.defaultCatalog", "lake")  # the other tests' catalog
+
+
+@pytest.mark.postgres
+def test_the_whole_pipeline_on_a_postgresql_catalog(spark, postgres, tmp_path, monkeypatch):
+    settings = _whole_pipeline(
+        spark, tmp_path, {"name": "pg", "uri": postgres.uri}, {"CDCLAKE_CATALOG__PASSWORD": PG_PASSWORD}, monkeypatch
+    )
+    import psycopg
+
+    with psycopg.connect(
+        host="127.0.0.1", port=postgres.port, user="cdclake", password=PG_PASSWORD, dbname="cdclake"
+    ) as conn:
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM iceberg_tables WHERE catalog_name = 'pg' AND table_namespace = %s",
+                (settings.catalog.namespace,),
+            )
+        }
+        leases = conn.execute("SELECT count(*) FROM cdclake_leases").fetchone()[0]
+    assert {TABLE, f"{TABLE}__log", f"{TABLE}__tombstones"} <= tables
+    assert leases == 0  # the catalog's database holds the leases too, released at the end
+
+
+def test_a_password_in_the_catalog_uri_is_refused_and_never_shown():
+    from connector.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_settings(catalog={"uri": "postgresql+psycopg://cdclake:hunter2@127.0.0.1:5432/cdclake"})
+    assert "hunter2" not in str(e.value) and "catalog.password" in str(e.value)
+
+
+@pytest.mark.s3
+def test_the_whole_pipeline_on_an_s3_warehouse(spark, s3, tmp_path, monkeypatch):
+    import boto3
+
+    bucket_prefix = f"w{tmp_path.name[-6:]}"
+    settings = _whole_pipeline(
+        spark,
+        tmp_path,
+        {"name": "s3lake", "warehouse": f"s3://lake/{bucket_prefix}", "properties": s3.properties()},
+        {},
+        monkeypatch,
+    )
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    keys = [
+        o["Key"] for p in client.get_paginator("list_objects_v2").paginate(Bucket="lake") for o in p.get("Contents", [])
+    ]
+    ns = settings.catalog.namespace
+    for kind in ("data", "metadata"):
+        assert any(k.startswith(f"{bucket_prefix}/{ns}") and f"/{TABLE}/{kind}/" in k for k in keys), (kind, keys[:20])
+    assert not (settings.root / "warehouse").exists()  # nothing on the local disk
