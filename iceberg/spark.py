@@ -74,7 +74,9 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 
 def configure_spark(builder: SparkSession.Builder, settings: Settings) -> SparkSession.Builder:
     """Takes a builder, returns it with jars, the Iceberg extensions and the catalog set."""
-    builder = builder.master(settings.spark.master).appName("cdclake")
+    builder = builder.appName("cdclake")
+    if settings.spark.master:  # else the one spark-submit was given, or local[*]
+        builder = builder.master(settings.spark.master)
     for k, v in spark_conf(settings).items():
         builder = builder.config(k, v)
     return builder
@@ -95,9 +97,13 @@ def _launch_jvm_quietly(settings: Settings) -> None:
 
     if SparkContext._gateway is not None or logging.getLogger().isEnabledFor(logging.INFO):
         return
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: its JVM, its output
+        return
     path = spark_log(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    conf = SparkConf(loadDefaults=False).setMaster(settings.spark.master).setAppName("cdclake")
+    conf = SparkConf(loadDefaults=False).setAppName("cdclake")
+    if settings.spark.master:
+        conf.setMaster(settings.spark.master)
     conf.setAll(list(spark_conf(settings).items()))
     with open(path, "ab") as out:  # the JVM keeps its own descriptor
         gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
@@ -113,4 +119,27 @@ def get_spark(settings: Settings) -> SparkSession:
     _launch_jvm_quietly(settings)
     spark = configure_spark(SparkSession.builder, settings).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    _ship_code(spark, settings)
     return spark
+
+
+_SHIPPED: set[int] = set()
+
+
+def _ship_code(spark: SparkSession, settings: Settings) -> None:
+    """On a cluster, the project's packages go to the executors (`addPyFile`): their Python
+    workers decode and transform with them. A local master shares the driver's files."""
+    sc = spark.sparkContext
+    if (sc.master or "local").startswith("local") or id(sc) in _SHIPPED:
+        return
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    target = settings.root / "cdclake-py.zip"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
+        for package in ("connector", "iceberg", "quotas"):
+            for f in sorted((root / package).rglob("*.py")):
+                z.write(f, f.relative_to(root))
+    sc.addPyFile(str(target))
+    _SHIPPED.add(id(sc))

@@ -59,7 +59,9 @@ def spark(work_root: Path):
     events = work_root / "spark-events"  # Spark's event log, read by the secret-redaction test
     events.mkdir(exist_ok=True)
     conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(), "spark.eventLog.compress": "false"}
-    session = get_spark(load_settings(work_dir=work_root, spark={"shuffle_partitions": 2, "conf": conf}))
+    session = get_spark(
+        load_settings(work_dir=work_root, spark={"master": "local[2]", "shuffle_partitions": 2, "conf": conf})
+    )
     yield session
     session.stop()
 
@@ -172,3 +174,12 @@ def azurite(tmp_path_factory):
     )
     proc.terminate()
     proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A Spark standalone cluster (infra/spark_cluster.py): a master and two 1-core workers
+    on 127.0.0.1."""
+    cluster = infra("spark_cluster").SparkCluster(tmp_path_factory.mktemp("cluster")).start(workers=2)
+    yield cluster
+    cluster.stop()

@@ -72,6 +72,7 @@ def _whole_pipeline(spark, tmp_path: Path, catalog: dict, env: dict[str, str], m
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     stream = _stream(tmp_path / "in.jsonl")
     config = _config(tmp_path, stream, dict(catalog), f"d{tmp_path.name[-6:].replace('-', '_')}")
     runner, out = CliRunner(), {}
@@ -162,3 +163,52 @@ def test_the_whole_pipeline_on_an_s3_warehouse(spark, s3, tmp_path, monkeypatch)
     for kind in ("data", "metadata"):
         assert any(k.startswith(f"{bucket_prefix}/{ns}") and f"/{TABLE}/{kind}/" in k for k in keys), (kind, keys[:20])
     assert not (settings.root / "warehouse").exists()  # nothing on the local disk
+
+
+def _rows(settings, name: str, leave_out: tuple[str, ...] = ()) -> list[dict]:
+    from iceberg.catalog import load_catalog
+
+    rows = load_catalog(settings).load_table(name).scan().to_arrow().to_pylist()
+    return sorted(({k: v for k, v in r.items() if k not in leave_out} for r in rows), key=repr)
+
+
+@pytest.mark.postgres
+@pytest.mark.s3
+@pytest.mark.slow
+def test_cdclake_run_on_a_standalone_cluster_equals_a_local_run(
+    spark, postgres, s3, spark_cluster, tmp_path, monkeypatch
+):
+    """`cdclake run` on the cluster (its own driver process, executors on the two workers)
+    with the PostgreSQL catalog and the S3 warehouse, against the same run on `local[2]`: the
+    log, the state and the tombstones hold the same rows (the times of ingest and deletion aside)."""
+    import os
+    import subprocess
+    import sys
+
+    catalog = {"name": "prod", "uri": postgres.uri, "warehouse": "s3://lake/prod", "properties": s3.properties()}
+    monkeypatch.setenv("CDCLAKE_CATALOG__PASSWORD", PG_PASSWORD)
+    local = _whole_pipeline(spark, tmp_path / "local", catalog, {}, monkeypatch)
+    config = tmp_path / "local" / "cdclake.toml"
+    on_cluster = local.catalog.namespace + "_cluster"
+    env = {
+        **os.environ,
+        "CDCLAKE_SPARK__MASTER": spark_cluster.master_url,
+        "CDCLAKE_CATALOG__NAMESPACE": on_cluster,
+        "SPARK_LOCAL_IP": "127.0.0.1",  # the executors reach the driver on the loopback
+    }
+    for args in (["ingest", "--max-records", "40"], ["run", "--force"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "connector.cli", args[0], "-c", str(config), *args[1:]],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    apps = (Path(spark_cluster.dir) / "master.log").read_text().count("Registering app cdclake")
+    assert apps == 2  # both ran on the cluster
+    remote = load_settings(config, catalog={**catalog, "namespace": on_cluster})
+    for kind, leave_out in (("log", ("ingested_at",)), ("state", ()), ("tombstones", ("deleted_at", "expires_at"))):
+        mine, theirs = getattr(names(local, TABLE), kind), getattr(names(remote, TABLE), kind)
+        assert _rows(remote, theirs, leave_out) == _rows(local, mine, leave_out), kind

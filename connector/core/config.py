@@ -333,7 +333,11 @@ class QuotaConfig(_Section):
 
 
 class SparkConfig(_Section):
-    master: str = Field("local[2]", description="local[N], local[*], spark://host:port, k8s://https://host:port, yarn")
+    master: str | None = Field(
+        None,
+        description="local[N], local[*], spark://host:port, k8s://https://host:port, yarn; unset: the one "
+        "spark-submit was given, else local[*]",
+    )
     driver_memory: str = Field("4g", description="JVM heap of the driver, e.g. 4g, 512m")
     shuffle_partitions: int = Field(8, gt=0)
     jars_dir: str | None = Field(None, description="directory of Spark's JVM jars; default <repo>/.cache/jars")
@@ -341,8 +345,8 @@ class SparkConfig(_Section):
 
     @field_validator("master")
     @classmethod
-    def _master(cls, v: str) -> str:
-        if not re.match(r"^(local(\[(\*|\d+)(,\d+)?\])?|spark://\S+|k8s://\S+|yarn)$", v):
+    def _master(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(local(\[(\*|\d+)(,\d+)?\])?|spark://\S+|k8s://\S+|yarn)$", v):
             raise ValueError(
                 f"{v!r} is not a Spark master: give local[2], local[*], spark://host:7077, "
                 "k8s://https://host:443 or yarn"

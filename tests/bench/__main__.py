@@ -64,7 +64,7 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
         work_dir=args.lake or root / "lake",
         catalog={"namespace": f"bench_n{n}_k{k}"},
         source={"type": "file", "path": str(src), "batch_size": args.ingest_batch},
-        spark={"driver_memory": args.driver_memory},
+        spark={"master": "local[2]", "driver_memory": args.driver_memory},
     )
     from iceberg.spark import get_spark
 

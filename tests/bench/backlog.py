@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 # 20M events hold ~1.2 GB per partition before any compaction: over the
                 # standard tier's 1 GB, which would (rightly) stop the run
                 "quotas": {"default_tier": "premium"},
+                "spark": {"master": "local[2]"},
                 "source": {
                     "type": "kafka",
                     "bootstrap_servers": broker.bootstrap,
