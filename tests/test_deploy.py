@@ -174,7 +174,7 @@ def _rows(settings, name: str, leave_out: tuple[str, ...] = ()) -> list[dict]:
 
 @pytest.mark.postgres
 @pytest.mark.s3
-@pytest.mark.slow
+@pytest.mark.cluster
 def test_cdclake_run_on_a_standalone_cluster_equals_a_local_run(
     spark, postgres, s3, spark_cluster, tmp_path, monkeypatch
 ):
@@ -192,20 +192,19 @@ def test_cdclake_run_on_a_standalone_cluster_equals_a_local_run(
     on_cluster = local.catalog.namespace + "_cluster"
     env = {
         **os.environ,
-        "CDCLAKE_SPARK__MASTER": spark_cluster.master_url,
         "CDCLAKE_CATALOG__NAMESPACE": on_cluster,
         "SPARK_LOCAL_IP": "127.0.0.1",  # the executors reach the driver on the loopback
     }
-    for args in (["ingest", "--max-records", "40"], ["run", "--force"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "connector.cli", args[0], "-c", str(config), *args[1:]],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=Path(__file__).resolve().parents[1],
-        )
+    root, master = Path(__file__).resolve().parents[1], spark_cluster.master_url
+
+    def run(command: list[str], **extra: str) -> None:
+        done = subprocess.run(command, env={**env, **extra}, capture_output=True, text=True, timeout=600, cwd=root)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    # the master from the configuration, then from spark-submit's --master (infra/submit.sh)
+    run([sys.executable, "-m", "connector.cli", "ingest", "-c", str(config), "--max-records", "40"],
+        CDCLAKE_SPARK__MASTER=master)  # fmt: skip
+    run(["bash", str(root / "infra" / "submit.sh"), "--master", master, "--", "run", "-c", str(config), "--force"])
     apps = (Path(spark_cluster.dir) / "master.log").read_text().count("Registering app cdclake")
     assert apps == 2  # both ran on the cluster
     remote = load_settings(config, catalog={**catalog, "namespace": on_cluster})
