@@ -390,6 +390,33 @@ def quotas(config: Path | None = ConfigOpt, as_json: bool = JsonOpt) -> None:
     _guard(lambda: _print_quotas(settings, as_json))
 
 
+infra = typer.Typer(help="Definitions of the services the connector reads from, made from its configuration.")
+app.add_typer(infra, name="infra")
+
+
+@infra.command("eventhubs")
+def infra_eventhubs(
+    config: Path | None = ConfigOpt,
+    partitions: int = typer.Option(4, min=1, help="partitions of a hub whose table sets none"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="write the template here (default: stdout)"),
+) -> None:
+    """An ARM template for the Event Hubs namespace and one event hub per source topic: SKU from
+    the tables' tier, partitions, compaction (`cleanupPolicy = Compact`) with the tombstone
+    retention, the consumer group. Every table is checked against its tier first.
+
+    Example: `cdclake infra eventhubs -c lake.toml -o eventhubs.json`, then
+    `az deployment group create -g RG --template-file eventhubs.json --parameters namespaceName=NAME`"""
+    from quotas.eventhubs_template import template
+
+    settings = _settings(config)
+    text = _guard(lambda: json.dumps(template(settings, partitions), indent=2))
+    if out is None:
+        print(text)
+    else:
+        out.write_text(text + "\n")
+        console.print(f"wrote {out}")
+
+
 def _print_query(settings: Settings, sql: str, limit: int) -> None:
     from pyspark.errors import PySparkException
 
