@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -90,7 +91,10 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log every 
         logging.getLogger("iceberg.compaction.job").setLevel(logging.INFO)
 
 
-def _do_ingest(settings: Settings, max_records: int | None = None, wait: float = 0.0):
+def _do_ingest(
+    settings: Settings, max_records: int | None = None, wait: float = 0.0, stop: threading.Event | None = None
+):
+    """`stop`: once set, the run ends after the batch it is committing (`service.Stopped`)."""
     from connector.app import run_ingest
 
     with Progress(
@@ -111,6 +115,10 @@ def _do_ingest(settings: Settings, max_records: int | None = None, wait: float =
             if not console.is_terminal and now - last_line >= PROGRESS_EVERY_S:  # logs get a line, not a spinner
                 console.print(line)
                 last_line = now
+            if stop is not None and stop.is_set():
+                from connector.service import Stopped
+
+                raise Stopped
 
         stats = run_ingest(settings, on_batch, max_records, wait)
     table = _table(
@@ -205,25 +213,42 @@ def compact(
 @app.command()
 def run(
     config: Path | None = ConfigOpt,
-    every: float | None = typer.Option(None, help="repeat ingest + compact every N seconds until Ctrl-C"),
+    every: float | None = typer.Option(None, help="repeat ingest + compact every N seconds until SIGTERM / Ctrl-C"),
     force: bool = typer.Option(False, help="compact regardless of the dirty ratio"),
-    metrics_port: int | None = typer.Option(None, help="serve Prometheus metrics on 127.0.0.1:PORT"),
+    metrics_port: int | None = typer.Option(None, help="serve Prometheus metrics and /ready on this port"),
+    metrics_host: str = typer.Option("127.0.0.1", help="address of the metrics port (0.0.0.0 in a pod)"),
     wait: float = WaitOpt,
 ) -> None:
-    """Ingest then compact, once (default) or repeatedly with --every.
+    """Ingest then compact, once (default) or repeatedly with --every. With --every the job stays
+    up: a round that fails for a reason that may pass (a broker or store away, a lease held
+    elsewhere) is retried with a backoff doubling up to 5 minutes, said in one line and counted
+    in `cdclake_round_failures_total`; a configuration error stops it. SIGTERM ends it after the
+    batch or round under way, exit 0. `/ready` on the metrics port: 200 while rounds succeed.
 
-    Example: `cdclake run -c lake.toml --every 60 --metrics-port 9108`"""
+    Example: `cdclake run -c lake.toml --every 60 --metrics-port 9108 --metrics-host 0.0.0.0`"""
+    from connector import service
+
     settings = _settings(config)
+    ready = threading.Event()
     if metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port, addr="127.0.0.1")
-    while True:
+        service.serve(metrics_port, metrics_host, ready)
+    if every is None:
         _guard(lambda: _do_ingest(settings, wait=wait))
         _guard(lambda: _do_compact(settings, None, force, wait=wait))
-        if every is None:
-            return
-        time.sleep(every)
+        return
+    stop = service.stop_on_signals()
+
+    def one_round() -> None:
+        _do_ingest(settings, wait=wait, stop=stop)
+        if stop.is_set():
+            raise service.Stopped
+        _do_compact(settings, None, force, wait=wait)
+
+    def notice(line: str) -> None:
+        console.print("[yellow]warning:[/yellow]", Text(line), soft_wrap=True)
+
+    _guard(lambda: service.run_forever(every, one_round, stop, ready, notice))
+    console.print("stopped: the last batch and round are committed")
 
 
 class _Table(Table):
