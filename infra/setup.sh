@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# One-time (and idempotent) set-up: .venv with the pinned packages, Spark's JVM jars.
+# One-time (and idempotent) set-up: .venv with the pinned packages, Spark's JVM jars, and what
+# the tests start (PostgreSQL, the Kafka broker's jars, Azurite).
+#   bash infra/setup.sh             # development and tests
+#   bash infra/setup.sh --runtime   # what the connector needs to run (the image's build step)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+runtime=false
+[ "${1:-}" = "--runtime" ] && runtime=true
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
+extras='[test]'
+$runtime && extras=''
 if [ ! -f .venv/.stamp ] || [ pyproject.toml -nt .venv/.stamp ]; then
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+  .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
   touch .venv/.stamp
 fi
+bash infra/fetch-jars.sh
+$runtime && exit 0
 # PostgreSQL (the production catalog's tests): Debian's server, stopped again after install
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -20,7 +29,6 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     echo "no PostgreSQL server (apt-get install postgresql as root): its tests are skipped" >&2
   fi
 fi
-bash infra/fetch-jars.sh
 .venv/bin/python infra/kafka_broker.py fetch >/dev/null   # broker jars for the Kafka tests
 # Azurite (Azure Blob emulator) for the checkpoint-store tests; 3.35 is the last for Node 20.
 if [ ! -x .cache/node/node_modules/.bin/azurite-blob ]; then

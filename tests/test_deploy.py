@@ -211,3 +211,28 @@ def test_cdclake_run_on_a_standalone_cluster_equals_a_local_run(
     for kind, leave_out in (("log", ("ingested_at",)), ("state", ()), ("tombstones", ("deleted_at", "expires_at"))):
         mine, theirs = getattr(names(local, TABLE), kind), getattr(names(remote, TABLE), kind)
         assert _rows(remote, theirs, leave_out) == _rows(local, mine, leave_out), kind
+
+
+def test_the_kubernetes_example_and_the_image_run_a_valid_configuration(tmp_path, monkeypatch):
+    """The Deployment's config loads with the connector's own loader (its secrets given as
+    the Secret would), its probe is the job's `/ready`, and the image runs the same command."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    docs = list(yaml.safe_load_all((root / "infra" / "k8s" / "cdclake.yaml").read_text()))
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    (container,) = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]
+    path = tmp_path / "cdclake.toml"
+    path.write_text(config_map["data"]["cdclake.toml"])
+    for var in container["env"]:
+        monkeypatch.setenv(
+            var["name"], "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s"
+        )
+    settings = load_settings(path)
+    assert settings.catalog.password is not None and settings.warehouse.startswith("s3://")
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    args = container["args"]
+    assert args[:2] == ["run", "-c"] and args[args.index("--metrics-host") + 1] == "0.0.0.0"
+    dockerfile = (root / "infra" / "Dockerfile").read_text()
+    assert "RUN bash infra/setup.sh --runtime" in dockerfile
+    assert f"CMD {json.dumps(args)}" in dockerfile
