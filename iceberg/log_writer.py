@@ -24,10 +24,11 @@ POSITIONS_PROPERTY = "cdclake.positions"
 WRITER_PROPERTY = "cdclake.writer"  # which process made the commit (host and pid)
 
 
-def summary_value(table: Table, key: str, with_key: str | None = None) -> str | None:
-    """The value of `key` in the newest snapshot of the current ancestry that has it (or that
-    has `with_key`: `key` of the newest snapshot that recorded positions, say)."""
-    snapshot = table.current_snapshot()
+def summary_value(table: Table, key: str, with_key: str | None = None, snapshot_id: int | None = None) -> str | None:
+    """The value of `key` in the newest snapshot of the current ancestry (of `snapshot_id`'s)
+    that has it (or that has `with_key`: `key` of the newest snapshot that recorded
+    positions, say)."""
+    snapshot = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
     while snapshot is not None:
         props = snapshot.summary.additional_properties if snapshot.summary else {}
         if (with_key or key) in props:

@@ -107,3 +107,21 @@ def stale_events(rounds: list[list], ordering: str) -> list[tuple[int, int, str]
                         out.append((e.record.partition, e.record.sequence_number, reason))
                 seen.append((e, p))
     return sorted(out)
+
+
+def compacted_hub(lines: list[dict], cleaner_points: dict[int, int] | None = None) -> list[tuple]:
+    """What a consumer of a compacted event hub reads, from kcat -J records: in each partition,
+    below its cleaner point (all of it without `cleaner_points`) the last event of each key
+    (one without a payload is a tombstone: kept), then every event from the point on; by
+    partition and offset. As (partition, offset, key, payload)."""
+    out: list[dict] = []
+    for part in sorted({line["partition"] for line in lines}):
+        mine = sorted((line for line in lines if line["partition"] == part), key=lambda line: line["offset"])
+        point = float("inf") if cleaner_points is None else cleaner_points.get(part, 0)
+        latest: dict = {}
+        for line in mine:
+            if line["offset"] < point:
+                latest[line["key"]] = line
+        out += sorted(latest.values(), key=lambda line: line["offset"])
+        out += [line for line in mine if line["offset"] >= point]
+    return [(line["partition"], line["offset"], line["key"], line["payload"]) for line in out]
