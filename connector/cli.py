@@ -526,12 +526,13 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
     if work_dir.exists():
         shutil.rmtree(work_dir)
     events = write_demo_file(work_dir / "events.jsonl")
-    settings = _settings(
-        None,
-        work_dir=work_dir,
-        source={"type": "file", "path": str(events)},
-        compaction={"min_compaction_lag_seconds": 0},
+    config = work_dir / "cdclake.toml"  # left behind: every command runs on the demo's tables with -c
+    config.write_text(
+        f"work_dir = {json.dumps(str(work_dir.resolve()))}\n"
+        f'[source]\ntype = "file"\npath = {json.dumps(str(events.resolve()))}\n'
+        "[compaction]\nmin_compaction_lag_seconds = 0\n"
     )
+    settings = _settings(config)
     total = len(events.read_text().splitlines())
     for step, (records, what) in enumerate(
         [(total - LATE_EVENTS, "the stream"), (None, f"{LATE_EVENTS} late events older than what is held")], 1
@@ -569,6 +570,11 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
     _guard(lambda: _print_status(settings))
     _guard(lambda: _print_quotas(settings))
     console.print(f"demo finished in {time.monotonic() - started:.1f}s; catalog {settings.catalog_uri}")
+    console.print(
+        f"its configuration is {config}: try `cdclake status -c {config}`, `cdclake read customers -c {config}`, "
+        f'`cdclake query -c {config} "SELECT * FROM cdc.orders"`',
+        soft_wrap=True,
+    )
 
 
 if __name__ == "__main__":

@@ -89,3 +89,40 @@ def test_new_columns_are_added_in_a_later_round(spark, settings, tmp_path):
     compact_table(spark, s, "things")
     rows = load_catalog(s).load_table(names(s, "things").state).scan().to_arrow().to_pylist()
     assert [(r["v"], r["extra"]) for r in rows] == [("b", 2.5)]
+
+
+@pytest.mark.slow
+def test_the_demo_leaves_a_configuration_that_every_command_runs_on(tmp_path):
+    """`cdclake demo` in its own process (its own catalog), then `status` and `read` on its
+    tables through the configuration it leaves: what `read` gives is each key the demo's
+    state and tombstone tables hold (read here with pyiceberg), once."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from connector.core.config import load_settings
+
+    work = tmp_path / "demo"
+    root = Path(__file__).resolve().parents[2]
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "connector.cli", *args], capture_output=True, text=True, timeout=600, cwd=root
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    said = cli("demo", "--work-dir", str(work))
+    config = work / "cdclake.toml"
+    assert f"cdclake status -c {config}" in " ".join(said.split())
+    statuses = json.loads(cli("status", "-c", str(config), "--json"))
+    assert {s["table"] for s in statuses} == {"customers", "orders", "products"}
+    read = [json.loads(line) for line in cli("read", "customers", "-c", str(config)).splitlines()]
+    s = load_settings(config)
+    catalog, n = load_catalog(s), names(s, "customers")
+    held = {
+        r["_key"]: r["_offset"]
+        for name in (n.state, n.tombstones)
+        for r in catalog.load_table(name).scan(selected_fields=("_key", "_offset")).to_arrow().to_pylist()
+    }
+    assert sorted((r["key"], r["offset"]) for r in read) == sorted(held.items())
