@@ -1,4 +1,5 @@
-"""`cdclake verify`: recompute a table's state and tombstones from its log and compare.
+"""`cdclake verify` and `cdclake rebuild`: recompute a table's state and tombstones from its
+log, then compare them with the tables, or put them in their place.
 
 The recomputation is a full compaction of the log's retained events, in one round, into
 scratch tables of a namespace of its own (`cdclake_verify_<id>`, dropped afterwards): the
@@ -9,12 +10,18 @@ recomputation has and the table lacks is `missing`, the reverse `extra`, the sam
 another log position `different offset`, and the same position with other column values
 `different row`. A tombstone whose deleting event is older than the tombstone retention may
 have been purged: its absence is not a difference.
+
+`rebuild` holds the table's compaction lease, and overwrites the tombstones, then the state
+(with the recomputed cleaner points, truncate marker and bytes in the same commit), each in
+one snapshot: a reader of either table sees it whole before or whole after.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -57,12 +64,14 @@ def _classify(mine: DataFrame, theirs: DataFrame, columns: list[str]) -> DataFra
     return joined.select("_key", kind.alias("kind")).where(F.col("kind").isNotNull())
 
 
-def verify(
+@contextmanager
+def recomputed(
     spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime
-) -> VerifyReport:
+) -> Iterator[TableNames]:
+    """The table's state and tombstones recomputed from its log, in scratch tables (the names
+    yielded), dropped on exit."""
     from iceberg.compaction.job import compact
 
-    report = VerifyReport(names.table)
     log = catalog.load_table(names.log)
     scratch = TableNames(names.catalog, f"cdclake_verify_{uuid.uuid4().hex[:8]}", names.table)
     catalog.create_namespace(scratch.namespace)
@@ -74,38 +83,93 @@ def verify(
             maintenance=dataclasses.replace(policy.maintenance, enabled=False),
         )
         compact(spark, catalog, scratch, quiet, now, force=True)
-        bounds = (
-            spark.table(names.spark(names.log))
-            .groupBy("topic", "partition")
-            .agg(F.min("sequence_number"), F.max("sequence_number"), F.count(F.lit(1)))
-            .collect()
-        )
-        report.horizon = {f"{t}:{p}": (lo, hi) for t, p, lo, hi, _ in bounds}
-        report.events = sum(n for *_, n in bounds)
-        meta = [n for n, _ in META_COLUMNS]
-        purgeable = now.astimezone(UTC) - policy.tombstone_retention
-        for kind, name in (("state", names.state), ("tombstones", names.tombstones)):
-            table, recomputed = spark.table(names.spark(name)), spark.table(scratch.spark(getattr(scratch, kind)))
-            columns = meta if kind == "tombstones" else sorted(set(table.columns) & set(recomputed.columns))
-            if kind == "tombstones":  # one old enough to have been purged is compared only where the table has it
-                held = table.select("_key")
-                recomputed = recomputed.join(held, "_key", "left_semi").unionByName(
-                    recomputed.where(F.col("_enqueued_time") > F.lit(purgeable)).join(held, "_key", "left_anti")
-                )
-            found = (
-                _classify(table, recomputed, columns)
-                .groupBy("kind")
-                .agg(
-                    F.count(F.lit(1)).alias("n"), F.slice(F.sort_array(F.collect_list("_key")), 1, SAMPLE).alias("keys")
-                )
-            )
-            rows = found.collect()
-            report.counts[kind] = {k: 0 for k in KINDS} | {r["kind"]: r["n"] for r in rows}
-            report.samples[kind] = {r["kind"]: list(r["keys"]) for r in rows}
+        yield scratch
     finally:
         for name in (scratch.state, scratch.tombstones, scratch.stale, scratch.dead_letters):
             spark.sql(f"DROP TABLE IF EXISTS {scratch.spark(name)} PURGE")
         if catalog.table_exists(scratch.log):
             catalog.drop_table(scratch.log)  # the registration only: the files are the log's
         catalog.drop_namespace(scratch.namespace)
+
+
+def _horizon(spark: SparkSession, names: TableNames, report: VerifyReport) -> None:
+    bounds = (
+        spark.table(names.spark(names.log))
+        .groupBy("topic", "partition")
+        .agg(F.min("sequence_number"), F.max("sequence_number"), F.count(F.lit(1)))
+        .collect()
+    )
+    report.horizon = {f"{t}:{p}": (lo, hi) for t, p, lo, hi, _ in bounds}
+    report.events = sum(n for *_, n in bounds)
+
+
+def verify(
+    spark: SparkSession, catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime
+) -> VerifyReport:
+    report = VerifyReport(names.table)
+    with recomputed(spark, catalog, names, policy, now) as scratch:
+        _horizon(spark, names, report)
+        meta = [n for n, _ in META_COLUMNS]
+        purgeable = now.astimezone(UTC) - policy.tombstone_retention
+        for kind, name in (("state", names.state), ("tombstones", names.tombstones)):
+            table, again = spark.table(names.spark(name)), spark.table(scratch.spark(getattr(scratch, kind)))
+            columns = meta if kind == "tombstones" else sorted(set(table.columns) & set(again.columns))
+            if kind == "tombstones":  # one old enough to have been purged is compared only where the table has it
+                held = table.select("_key")
+                again = again.join(held, "_key", "left_semi").unionByName(
+                    again.where(F.col("_enqueued_time") > F.lit(purgeable)).join(held, "_key", "left_anti")
+                )
+            found = (
+                _classify(table, again, columns)
+                .groupBy("kind")
+                .agg(
+                    F.count(F.lit(1)).alias("n"),
+                    F.slice(F.sort_array(F.collect_list("_key")), 1, SAMPLE).alias("keys"),
+                )
+                .collect()
+            )
+            report.counts[kind] = {k: 0 for k in KINDS} | {r["kind"]: r["n"] for r in found}
+            report.samples[kind] = {r["kind"]: list(r["keys"]) for r in found}
+    return report
+
+
+def rebuild(
+    spark: SparkSession,
+    catalog: Catalog,
+    names: TableNames,
+    policy: CompactionPolicy,
+    now: datetime,
+    wait: float = 0.0,
+) -> VerifyReport:
+    """Replaces the state and tombstones with their recomputation (module docstring); the
+    report's horizon says from which events."""
+    from iceberg import leases
+    from iceberg.compaction import schema, writes
+    from iceberg.compaction.job import TRUNCATE_PROPERTY
+    from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, STREAM_BYTES_PROPERTY
+    from iceberg.log_writer import summary_value
+
+    report = VerifyReport(names.table)
+    lease = leases.acquire(catalog, names.state, "compaction", wait)  # type: ignore[arg-type]
+    try:
+        with recomputed(spark, catalog, names, policy, now) as scratch:
+            _horizon(spark, names, report)
+            schema.ensure_tables(spark, names)
+            for name, built, keys in (
+                (names.tombstones, scratch.tombstones, (STREAM_BYTES_PROPERTY,)),
+                (names.state, scratch.state, (CLEANER_POINTS_PROPERTY, TRUNCATE_PROPERTY, STREAM_BYTES_PROPERTY)),
+            ):
+                source = catalog.load_table(built)
+                props = {k: v for k in keys if (v := summary_value(source, k)) is not None}
+                have = set(spark.table(names.spark(name)).columns)
+                new = [f for f in spark.table(scratch.spark(built)).schema.fields if f.name not in have]
+                if new:
+                    cols = ", ".join(f"{schema.quote(f.name)} {f.dataType.simpleString()}" for f in new)
+                    spark.sql(f"ALTER TABLE {names.spark(name)} ADD COLUMNS ({cols})")
+                cols = ", ".join(schema.quote(c) for c in spark.table(scratch.spark(built)).columns)
+                lease.renew()
+                sql = f"INSERT OVERWRITE {names.spark(name)} ({cols}) SELECT {cols} FROM {scratch.spark(built)}"
+                writes.write(spark, catalog, name, sql, props)
+    finally:
+        lease.release()
     return report

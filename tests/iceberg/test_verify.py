@@ -14,9 +14,12 @@ from typer.testing import CliRunner
 
 from connector.app import policy_of
 from iceberg.catalog import load_catalog
+from iceberg.compaction.stats import cleaner_points
+from iceberg.log_writer import committed_positions
 from iceberg.verify import verify
-from tests.iceberg.helpers import compact_table, names, run_ingest, with_source, write_lines
+from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
 from tests.iceberg.test_reader import _stream
+from tests.model import expected_tables
 
 pytestmark = pytest.mark.spark
 
@@ -61,6 +64,14 @@ def test_verify_finds_exactly_what_was_broken(spark, settings, tmp_path):
     }
     result = CliRunner().invoke(app, ["verify", "things"], env=env)
     assert result.exit_code == 1 and key(gone) in result.output and f"{len(lines):,} events" in result.output
+
+    # rebuild puts the recomputation in place: the model's tables, the cleaner points at the log's end
+    result = CliRunner().invoke(app, ["rebuild", "things"], env=env)
+    assert result.exit_code == 0, result.output
+    assert verify(spark, catalog, n, policy_of(s), now).ok
+    want_state, want_tombstones = expected_tables(decoded(path, s), "source")
+    assert offsets_by_key(s, n.state) == want_state and offsets_by_key(s, n.tombstones) == want_tombstones
+    assert cleaner_points(catalog.load_table(n.state)) == committed_positions(catalog.load_table(n.log))
 
     (task, *_) = catalog.load_table(n.state).scan().plan_files()
     lost = urlparse(task.file.file_path).path
