@@ -70,13 +70,33 @@ def load_catalog(settings: Settings) -> SqlCatalog:
             "(or CDCLAKE_WORK_DIR) to a writable directory"
         ) from None
     catalog = Catalog(
-        settings.catalog.name, uri=sqlalchemy_uri(settings), warehouse=settings.warehouse, **settings.catalog.properties
+        settings.catalog.name,
+        uri=sqlalchemy_uri(settings),
+        warehouse=settings.warehouse,
+        **storage_properties(settings),
     )
     try:
         catalog.create_namespace(settings.catalog.namespace)
     except NamespaceAlreadyExistsError:
         pass
     return catalog
+
+
+def storage_properties(settings: Settings) -> dict[str, str]:
+    """The FileIO properties for pyiceberg and Spark alike: the configured ones, with timeouts
+    for a warehouse on S3 (`timeout_seconds`) where none are set: pyiceberg's
+    `s3.connect-timeout` / `s3.request-timeout`, S3FileIO's Apache HTTP client's."""
+    props = dict(settings.catalog.properties)
+    if settings.warehouse.startswith(("s3://", "s3a://")):
+        seconds = settings.catalog.timeout_seconds
+        for key, value in (
+            ("s3.connect-timeout", f"{seconds:g}"),
+            ("s3.request-timeout", f"{seconds:g}"),
+            ("http-client.apache.connection-timeout-ms", str(int(seconds * 1000))),
+            ("http-client.apache.socket-timeout-ms", str(int(seconds * 1000))),
+        ):
+            props.setdefault(key, value)
+    return props
 
 
 def sqlalchemy_uri(settings: Settings) -> str:

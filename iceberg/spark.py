@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from connector.core.errors import SetupError
-from iceberg.catalog import jdbc_properties
+from iceberg.catalog import jdbc_properties, storage_properties
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -33,7 +33,7 @@ def spark_jars(settings: Settings) -> list[str]:
 def file_io(settings: Settings) -> dict[str, str]:
     """The catalog's FileIO properties for Iceberg in Spark: the configured ones, with
     `S3FileIO` (iceberg-aws-bundle) for a warehouse on S3 unless `io-impl` names another."""
-    props = dict(settings.catalog.properties)
+    props = storage_properties(settings)
     if settings.warehouse.startswith(("s3://", "s3a://")):
         props.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
     return props

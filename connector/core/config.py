@@ -47,7 +47,9 @@ class CatalogConfig(_Section):
     )
     password: SecretStr | None = Field(None, description="the PostgreSQL user's password (CDCLAKE_CATALOG__PASSWORD)")
     timeout_seconds: float = Field(
-        30.0, gt=0, description="PostgreSQL: connecting, and each catalog statement, give up after this"
+        30.0,
+        gt=0,
+        description="catalog (PostgreSQL) and storage (S3) calls: connecting and each request give up after this",
     )
 
     @field_validator("uri")
