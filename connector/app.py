@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,7 @@ from connector.sources import load_source
 from iceberg import leases
 from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import CompactionPolicy
-from iceberg.compaction.stats import load_optional, quota_usage, stream_stats
+from iceberg.compaction.stats import load_optional, log_start, quota_usage, stream_stats
 from iceberg.layouts import TableNames, source_tables
 from iceberg.maintenance import MaintenancePolicy
 from quotas.ledger import QuotaGate, table_quota, validate
@@ -29,6 +30,7 @@ def policy_of(settings: Settings) -> CompactionPolicy:
         min_compaction_lag=timedelta(seconds=c.min_compaction_lag_seconds),
         max_compaction_lag=timedelta(seconds=c.max_compaction_lag_seconds) if c.max_compaction_lag_seconds else None,
         tombstone_retention=timedelta(hours=c.tombstone_retention_hours),
+        log_retention=timedelta(hours=c.log_retention_hours),
         max_new_columns=settings.limits.max_new_columns,
         maintenance=MaintenancePolicy(
             snapshot_retention=timedelta(hours=m.snapshot_retention_hours),
@@ -147,7 +149,10 @@ def run_compaction(
         validate(settings, names.table)
         if on_table:
             on_table(names.state)
-        reports.append(compact(spark, catalog, names, policy_of(settings), now or datetime.now(UTC), force, wait))
+        policy, cfg = policy_of(settings), settings.tables.get(names.table)
+        if cfg is not None and cfg.log_retention_hours:
+            policy = dataclasses.replace(policy, log_retention=timedelta(hours=cfg.log_retention_hours))
+        reports.append(compact(spark, catalog, names, policy, now or datetime.now(UTC), force, wait))
     return reports
 
 
@@ -164,6 +169,7 @@ class StreamStatus:
     tombstones: int
     tier: str
     quota_bytes: int | None
+    log_from: int | None = None  # the oldest sequence number the log holds (log retention trims it)
 
     @property
     def usage_bytes(self) -> int:
@@ -188,6 +194,7 @@ def status(settings: Settings, now: datetime | None = None) -> list[StreamStatus
         quota = table_quota(settings, names.table)
         live = _count_by_stream(load_optional(catalog, names.state))
         dead = _count_by_stream(load_optional(catalog, names.tombstones))
+        start = log_start(catalog.load_table(names.log))
         for s in stream_stats(catalog, names, policy, now):
             if s.dirty_events == 0 and s.stream not in live and s.stream not in dead and s.cleaner_point == 0:
                 continue  # a stream that feeds other tables
@@ -205,6 +212,7 @@ def status(settings: Settings, now: datetime | None = None) -> list[StreamStatus
                     dead.get(s.stream, 0),
                     quota.name,
                     quota.compacted_bytes_per_partition,
+                    start.get(s.stream),
                 )
             )
     return out

@@ -301,6 +301,7 @@ def _print_status(settings: Settings, as_json: bool = False) -> None:
     table = _table(
         "table",
         "stream",
+        "log from",
         "cleaner point",
         "dirty events",
         "dirty bytes",
@@ -315,6 +316,7 @@ def _print_status(settings: Settings, as_json: bool = False) -> None:
         table.add_row(
             s.table,
             s.stream,
+            "-" if s.log_from is None else f"{s.log_from:,}",
             f"{s.cleaner_point:,}",
             f"{s.dirty_events:,}",
             human_bytes(s.dirty_bytes),

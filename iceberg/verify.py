@@ -77,9 +77,10 @@ def recomputed(
     catalog.create_namespace(scratch.namespace)
     try:
         catalog.register_table(scratch.log, log.metadata_location)
-        quiet = dataclasses.replace(
+        quiet = dataclasses.replace(  # nothing committed to the log: no retention, no maintenance
             policy,
             min_compaction_lag=timedelta(0),
+            log_retention=None,
             maintenance=dataclasses.replace(policy.maintenance, enabled=False),
         )
         compact(spark, catalog, scratch, quiet, now, force=True)

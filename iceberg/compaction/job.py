@@ -11,8 +11,10 @@
 5. `write_tombstones` (MERGE), `write_stale`; 6. `write_state`: MERGE the state with the new
    cleaner points and truncate marker in the same snapshot (into a table without rows, 5
    and 6 INSERT);
-7. `purge` expired tombstones; 8. `maintain`: rewrite small files (the log's manifests)
-   and expire old snapshots when due (`iceberg.maintenance`).
+7. `purge` expired tombstones; `trim_log`: log and dead-letter rows past the log retention
+   that no key needs (below the cleaner point, not a winner, not a truncate); 8.
+   `maintain`: rewrite small files (the log's manifests) and expire old snapshots when due
+   (`iceberg.maintenance`).
 
 Atomicity: the cleaner points live in the state table's snapshot. A crash after step 5
 replays the same dirty range on the next run; replaying it over the already-written
@@ -29,7 +31,7 @@ from datetime import UTC, datetime
 from functools import reduce
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import BooleanExpression, LessThanOrEqual
+from pyiceberg.expressions import BooleanExpression, LessThan, LessThanOrEqual
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -72,6 +74,7 @@ class CompactionReport:
     truncated: int = 0  # keys a truncate removed (held in the state, or changed in this round only)
     refused: int = 0  # winners the state table cannot hold: dead letters (reason `schema`)
     purged: int = 0
+    trimmed: int = 0  # log rows past the log retention removed
     maintenance: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -224,6 +227,7 @@ class Round:
             self.write_stale()
             self.write_state()
         self.purge()
+        self.trim_log()
         self.maintain()
         self.report.seconds = round(time.monotonic() - started, 3)
         log.info("compaction %s: %s", self.names.state, self.report.summary())
@@ -500,6 +504,59 @@ class Round:
             name = self.names.tombstones
             writes.write(self.spark, self.catalog, name, f"DELETE FROM {tombstones} WHERE {purge}", self.recorded(name))
         self.step("purge")
+
+    def trim_log(self) -> None:
+        """7b. The log's rows older than the log retention that nothing needs go (a row
+        delete): below their stream's cleaner point (never a dirty event), not a live key's
+        or tombstone's winner (the reader's value bytes, `verify`'s and `rebuild`'s
+        recomputation), not a truncate (it removes older keys on recomputation). Dead letters
+        older than the retention go too. Skipped unless a data file's `enqueued_time` bounds
+        say it may hold such a row."""
+        retention = self.policy.log_retention
+        if retention is None:
+            return
+        cutoff = self.now - retention
+        old = LessThan("enqueued_time", cutoff.isoformat())  # type: ignore[call-arg,misc]
+        names, catalog = self.names, self.catalog
+        points = cleaner_points(load_optional(catalog, names.state))
+        if points and any(True for _ in catalog.load_table(names.log).scan(row_filter=old).plan_files()):
+            keys = ["topic", "partition", "sequence_number"]
+            stream = F.concat_ws(":", "topic", F.col("partition").cast("string"))
+            point = F.create_map(*[x for s, p in sorted(points.items()) for x in (F.lit(s), F.lit(p))])
+            winners = reduce(
+                DataFrame.unionByName,
+                [
+                    self.spark.table(names.spark(t)).select(
+                        F.col("_topic").alias("topic"),
+                        F.col("_partition_id").alias("partition"),
+                        F.col("_sequence_number").alias("sequence_number"),
+                    )
+                    for t in (names.state, names.tombstones)
+                ],
+            )
+            gone = (
+                self.spark.table(names.spark(names.log))
+                .where((F.col("enqueued_time") < F.lit(cutoff)) & (F.col("op") != "t"))
+                .where(F.col("sequence_number") < F.coalesce(point[stream], F.lit(0)))
+                .select(*keys)
+                .join(winners, keys, "left_anti")
+                .localCheckpoint(eager=True)
+            )
+            self.report.trimmed = gone.count()
+            if self.report.trimmed:
+                gone.createOrReplaceTempView("cdclake_trim")
+                self.spark.sql(
+                    f"MERGE INTO {names.spark(names.log)} t USING cdclake_trim s ON t.topic = s.topic "
+                    "AND t.partition = s.partition AND t.sequence_number = s.sequence_number WHEN MATCHED THEN DELETE"
+                )
+        if catalog.table_exists(names.dead_letters) and any(
+            True for _ in catalog.load_table(names.dead_letters).scan(row_filter=old).plan_files()
+        ):
+            self.spark.sql(
+                f"DELETE FROM {names.spark(names.dead_letters)} WHERE enqueued_time < TIMESTAMP "
+                f"'{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
+            )
+        self.step("log retention")
 
     def maintain(self) -> None:
         """8. Small files, deleted rows and the log's manifests rewritten, old snapshots expired."""

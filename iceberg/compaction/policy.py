@@ -24,6 +24,7 @@ class CompactionPolicy:
     min_compaction_lag: timedelta = timedelta(0)
     max_compaction_lag: timedelta | None = None
     tombstone_retention: timedelta = timedelta(hours=24)
+    log_retention: timedelta | None = None  # log rows older than this may go (`log_retention_hours`)
     packed: bool = True  # the packed order key where a round fits (False: always the general route)
     max_new_columns: int = 1_000  # columns one round may add to the state table (`limits.max_new_columns`)
     maintenance: MaintenancePolicy = MaintenancePolicy()  # after each round (`iceberg.maintenance`)

@@ -117,6 +117,18 @@ def logged_bytes(log: Table, points: dict[str, int]) -> dict[str, int]:
     return out
 
 
+def log_start(log: Table) -> dict[str, int]:
+    """The oldest sequence number the log still holds, per stream (log retention trims it)."""
+    out: dict[str, int] = {}
+    for rows in _chunks(log.scan(selected_fields=("topic", "partition", "sequence_number")), CHUNK_ROWS):
+        if rows.num_rows:
+            g = rows.group_by(["topic", "partition"]).aggregate([("sequence_number", "min")])
+            for topic, part, first in zip(*(g.column(i).to_pylist() for i in range(3))):
+                key = f"{topic}:{part}"
+                out[key] = min(out.get(key, first), first)
+    return out
+
+
 def quota_usage(catalog: Catalog, names: TableNames) -> dict[str, int]:
     """Bytes per stream that count against the table's quota: what the state and tombstones
     hold, as their commits recorded it (their rows are not read), plus the log's bytes past

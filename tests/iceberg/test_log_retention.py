@@ -1,0 +1,74 @@
+"""Log retention over 40 rounds of a steady stream, an hour of events a round: the log keeps
+what is younger than the retention plus what the keys need (each live key's and tombstone's
+winning event, truncates), so its size stays bounded while the state and tombstones remain
+those of the model of the whole stream, and the reader and verify still work from it."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from connector.app import policy_of, status
+from iceberg.catalog import load_catalog
+from iceberg.reader import read_arrow
+from iceberg.verify import verify
+from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
+from tests.model import compacted_hub, expected_tables
+
+pytestmark = pytest.mark.spark
+START = datetime(2030, 1, 1, tzinfo=UTC)
+PER_ROUND, KEYS, RETENTION_H = 30, 12, 4
+
+
+def _round(n: int, first_offset: int, rng: random.Random, alive: set) -> list[dict]:
+    out = []
+    for i in range(PER_ROUND):
+        key, offset = rng.randrange(KEYS), first_offset + len(out)
+        ts = int((START + timedelta(hours=n, seconds=i)).timestamp() * 1000)
+        source = {"connector": "postgresql", "table": "things", "lsn": offset + 1}
+        line = {"topic": "pg.inventory.things", "partition": 0, "ts": ts, "key": json.dumps({"id": key})}
+        if key in alive and rng.random() < 0.2:
+            out.append(line | {"offset": offset, "payload": json.dumps({"op": "d", "after": None, "source": source})})
+            out.append(line | {"offset": offset + 1, "ts": ts + 1, "payload": None})
+            alive.discard(key)
+        else:
+            payload = {"op": "u" if key in alive else "c", "after": {"id": key, "n": offset}, "source": source}
+            out.append(line | {"offset": offset, "payload": json.dumps(payload)})
+            alive.add(key)
+    return out
+
+
+def test_log_retention_bounds_the_log_over_40_rounds(spark, settings, tmp_path):
+    rng, alive, lines, sizes = random.Random(5), set(), [], []
+    path = tmp_path / "in.jsonl"
+    s = with_source(settings, path, log_retention_hours=RETENTION_H, tombstone_retention_hours=2)
+    log = names(s, "things").log
+    for n in range(40):
+        lines += _round(n, len(lines), rng, alive)
+        write_lines(path, [json.dumps(x) for x in lines])
+        run_ingest(s)
+        now = START + timedelta(hours=n, minutes=30)
+        report = compact_table(spark, s, "things", now=now)
+        sizes.append(load_catalog(s).load_table(log).scan().count())
+        if n >= RETENTION_H + 1:
+            assert report.trimmed > 0, n
+    # what the log may hold: the last RETENTION_H + 1 rounds, and one winner per key and tombstone
+    bound = (RETENTION_H + 1) * PER_ROUND * 2 + 2 * KEYS
+    assert max(sizes[10:]) <= bound < len(lines) / 3, sizes
+    events = decoded(path, s)
+    state, tombstones = expected_tables(events, "source")
+    assert offsets_by_key(s, names(s, "things").state) == state
+    held = offsets_by_key(s, names(s, "things").tombstones)  # the model's, less those purged after 2 h
+    assert held.items() <= tombstones.items()
+    live = [x for x in compacted_hub(lines) if x[3] is not None]  # the live keys' latest events
+    got = read_arrow(spark, load_catalog(s), names(s, "things"))
+    assert [(r["offset"], r["value"].decode()) for r in got.to_pylist() if r["value"] is not None] == [
+        (str(o), v) for _, o, _, v in live
+    ]
+    assert verify(spark, load_catalog(s), names(s, "things"), policy_of(s), now).ok
+    (shown,) = status(s, now)  # the log's oldest retained position: that of the oldest winner kept
+    kept = load_catalog(s).load_table(log).scan(selected_fields=("sequence_number",)).to_arrow()
+    assert shown.log_from == min(kept["sequence_number"].to_pylist()) > 0
