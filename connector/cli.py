@@ -517,6 +517,43 @@ def _print_read(settings, table, partition, from_offset, as_of, fmt, limit) -> N
     _show(out)
 
 
+@app.command("history")
+def history_command(
+    table: str = typer.Argument(..., help="source table, e.g. customers"),
+    config: Path | None = ConfigOpt,
+    key: str | None = typer.Option(None, help='only this key, as the log keeps it, e.g. {"id":7}'),
+    write: bool = typer.Option(False, "--write", help="(re)write the table <ns>.<table>__history instead"),
+    limit: int = typer.Option(100, help="versions to print"),
+) -> None:
+    """Every version of each key (SCD type 2) from the log, within its retention: the op, the
+    after-image, `valid_from` / `valid_to` by the ordering rule, a deleted key ending with its
+    deleting event. Stale events are not versions.
+
+    Example: `cdclake history customers -c lake.toml --key '{"id":1004}'`, or `--write` for
+    `SELECT * FROM cdc.customers__history` in `cdclake query` or any Iceberg reader"""
+    settings = _settings(config)
+    _guard(lambda: _do_history(settings, table, key, write, limit))
+
+
+def _do_history(settings: Settings, table: str, key: str | None, write: bool, limit: int) -> None:
+    from connector.app import table_names
+    from iceberg.catalog import load_catalog
+    from iceberg.history import history, write_history
+    from iceberg.spark import get_spark
+
+    (names,) = table_names(settings, load_catalog(settings), [table])
+    spark, ordering = get_spark(settings), settings.compaction.ordering
+    if write:
+        console.print(f"wrote {write_history(spark, names, ordering)}")
+        return
+    rows = history(spark, names, ordering, key).limit(limit).collect()
+    out = _table("key", "version", "op", "valid from", "valid to", "offset", "after", title=f"history of {table}")
+    for r in rows:
+        out.add_row(r["_key"], str(r["version"]), r["_op"], str(r["valid_from"]), str(r["valid_to"] or "-"),
+                    f"{r['_partition_id']}:{r['_offset']}", r["after"] or "-")  # fmt: skip
+    _show(out)
+
+
 @app.command()
 def verify(
     table: str = typer.Argument(..., help="source table, e.g. customers"),

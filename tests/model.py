@@ -125,3 +125,24 @@ def compacted_hub(lines: list[dict], cleaner_points: dict[int, int] | None = Non
         out += sorted(latest.values(), key=lambda line: line["offset"])
         out += [line for line in mine if line["offset"] >= point]
     return [(line["partition"], line["offset"], line["key"], line["payload"]) for line in out]
+
+
+def versions(events: list, ordering: str) -> dict[str, list[tuple[str, str]]]:
+    """Per key, its history: (offset, op) of each change the ordering rule applied, in that
+    order: not the stale ones (older than a change that arrived before them), and a delete
+    right after a delete (its bare tombstone) folded into the first."""
+    by_key, _ = _changes(events)
+    out = {}
+    for key, evs in by_key.items():
+        kept: list[tuple[tuple, ChangeEvent]] = []
+        for e, p in zip(evs, _carried(evs)):
+            o = _order(e, p, ordering)
+            if kept and o < max(k for k, _ in kept):
+                continue
+            kept.append((o, e))
+        history: list[ChangeEvent] = []
+        for _, e in sorted(kept, key=lambda x: x[0]):
+            if not (e.op == "d" and history and history[-1].op == "d"):
+                history.append(e)
+        out[key] = [(e.record.offset, e.op) for e in history]
+    return out
