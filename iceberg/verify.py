@@ -29,10 +29,17 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from connector.core.errors import ConnectorError
 from iceberg.compaction.policy import CompactionPolicy
 from iceberg.layouts import META_COLUMNS, TableNames
 
 KINDS = ("missing", "extra", "different offset", "different row")
+
+
+class RebuildRefusedError(ConnectorError):
+    """The log no longer holds what a rebuild would need (trimmed by log retention)."""
+
+
 SAMPLE = 10  # keys shown per kind
 
 
@@ -146,11 +153,22 @@ def rebuild(
     report's horizon says from which events."""
     from iceberg import leases
     from iceberg.compaction import schema, writes
-    from iceberg.compaction.job import TRUNCATE_PROPERTY
+    from iceberg.compaction.job import ORDERING_PROPERTY, TRIMMED_PROPERTY, TRUNCATE_PROPERTY
     from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, STREAM_BYTES_PROPERTY
     from iceberg.log_writer import summary_value
 
     report = VerifyReport(names.table)
+    built_by = (
+        summary_value(catalog.load_table(names.state), ORDERING_PROPERTY) if catalog.table_exists(names.state) else None
+    )
+    trimmed = summary_value(catalog.load_table(names.log), TRIMMED_PROPERTY)
+    if trimmed and built_by and built_by != policy.ordering:
+        raise RebuildRefusedError(
+            f"table {names.state}: built by the {built_by!r} ordering rule, and log retention removed the events "
+            f"enqueued before {trimmed} that were not its winners; under the {policy.ordering!r} rule some of them "
+            "may win, so the log no longer holds what a rebuild needs. Keep the ordering rule, or rebuild from a "
+            "complete copy of the log"
+        )
     lease = leases.acquire(catalog, names.state, "compaction", wait)  # type: ignore[arg-type]
     try:
         with recomputed(spark, catalog, names, policy, now) as scratch:

@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 STATS_PROPERTY = "cdclake.compaction"
 TRUNCATE_PROPERTY = "cdclake.truncate"  # the table's truncate marker, carried by every round's commit
 STALE_PROPERTY = "cdclake.stale"  # the round's stale events by reason
+ORDERING_PROPERTY = "cdclake.ordering"  # the ordering rule the state was built by
+TRIMMED_PROPERTY = "cdclake.trimmed-before"  # on the log: log retention removed rows enqueued before this
 
 
 @dataclass
@@ -467,6 +469,7 @@ class Round:
             CLEANER_POINTS_PROPERTY: _json(dict(sorted(points.items()))),
             STATS_PROPERTY: _json(report.summary()["ranges"]),
             STALE_PROPERTY: _json(dict(sorted(report.stale_reasons.items()))),
+            ORDERING_PROPERTY: self.policy.ordering,
             **({TRUNCATE_PROPERTY: self.table_truncate.to_json()} if self.table_truncate else {}),
             **self.recorded(names.state),
         }
@@ -545,9 +548,11 @@ class Round:
             self.report.trimmed = gone.count()
             if self.report.trimmed:
                 gone.createOrReplaceTempView("cdclake_trim")
-                self.spark.sql(
+                writes.merge(
+                    self.spark,
                     f"MERGE INTO {names.spark(names.log)} t USING cdclake_trim s ON t.topic = s.topic "
-                    "AND t.partition = s.partition AND t.sequence_number = s.sequence_number WHEN MATCHED THEN DELETE"
+                    "AND t.partition = s.partition AND t.sequence_number = s.sequence_number WHEN MATCHED THEN DELETE",
+                    {TRIMMED_PROPERTY: cutoff.isoformat()},
                 )
         if catalog.table_exists(names.dead_letters) and any(
             True for _ in catalog.load_table(names.dead_letters).scan(row_filter=old).plan_files()

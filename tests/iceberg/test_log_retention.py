@@ -5,6 +5,7 @@ those of the model of the whole stream, and the reader and verify still work fro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from datetime import UTC, datetime, timedelta
@@ -14,7 +15,7 @@ import pytest
 from connector.app import policy_of, status
 from iceberg.catalog import load_catalog
 from iceberg.reader import read_arrow
-from iceberg.verify import verify
+from iceberg.verify import RebuildRefusedError, rebuild, verify
 from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
 from tests.model import compacted_hub, expected_tables
 
@@ -72,3 +73,8 @@ def test_log_retention_bounds_the_log_over_40_rounds(spark, settings, tmp_path):
     (shown,) = status(s, now)  # the log's oldest retained position: that of the oldest winner kept
     kept = load_catalog(s).load_table(log).scan(selected_fields=("sequence_number",)).to_arrow()
     assert shown.log_from == min(kept["sequence_number"].to_pylist()) > 0
+    # a rebuild by the same rule recomputes the same tables from what is kept; by another, it is refused
+    with pytest.raises(RebuildRefusedError, match="log retention removed the events"):
+        rebuild(spark, load_catalog(s), names(s, "things"), dataclasses.replace(policy_of(s), ordering="log"), now)
+    rebuild(spark, load_catalog(s), names(s, "things"), policy_of(s), now)
+    assert offsets_by_key(s, names(s, "things").state) == state
