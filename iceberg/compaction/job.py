@@ -106,6 +106,14 @@ def _has_rows(catalog: Catalog, name: str) -> bool:
     return summary is not None and int(summary.additional_properties.get("total-records", 1)) > 0
 
 
+def _rows(catalog: Catalog, name: str) -> int:
+    """The table's rows, from its snapshot summary (0 without a table or a snapshot)."""
+    table = load_optional(catalog, name)
+    snapshot = table.current_snapshot() if table is not None else None
+    summary = snapshot.summary if snapshot is not None else None
+    return int(summary.additional_properties.get("total-records", 0)) if summary is not None else 0
+
+
 def _expired_by(now: datetime) -> BooleanExpression:
     # pyiceberg's expressions take (term, literal); the pydantic mypy plugin reads them as keyword-only
     return LessThanOrEqual("expires_at", now.isoformat())  # type: ignore[call-arg,misc]
@@ -513,8 +521,9 @@ class Round:
         delete): below their stream's cleaner point (never a dirty event), not a live key's
         or tombstone's winner (the reader's value bytes, `verify`'s and `rebuild`'s
         recomputation), not a truncate (it removes older keys on recomputation). Dead letters
-        older than the retention go too. Skipped unless a data file's `enqueued_time` bounds
-        say it may hold such a row."""
+        older than the retention go too. The log's rows are trimmed only once the files whose
+        `enqueued_time` bounds say they may hold old rows hold more rows than the state and
+        tombstones (the most the keys keep): a steady stream trims in batches, not each round."""
         retention = self.policy.log_retention
         if retention is None:
             return
@@ -522,7 +531,10 @@ class Round:
         old = LessThan("enqueued_time", cutoff.isoformat())  # type: ignore[call-arg,misc]
         names, catalog = self.names, self.catalog
         points = cleaner_points(load_optional(catalog, names.state))
-        if points and any(True for _ in catalog.load_table(names.log).scan(row_filter=old).plan_files()):
+        # at most the rows of the files that may hold old rows, against what the keys keep: trim
+        # once there are more of those than winners (a steady stream trims in batches, not each round)
+        may = sum(t.file.record_count for t in catalog.load_table(names.log).scan(row_filter=old).plan_files())
+        if points and may > sum(_rows(catalog, t) for t in (names.state, names.tombstones)):
             keys = ["topic", "partition", "sequence_number"]
             stream = F.concat_ws(":", "topic", F.col("partition").cast("string"))
             point = F.create_map(*[x for s, p in sorted(points.items()) for x in (F.lit(s), F.lit(p))])
