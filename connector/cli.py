@@ -624,7 +624,8 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
     started = time.monotonic()
     if work_dir.exists():
         shutil.rmtree(work_dir)
-    events = write_demo_file(work_dir / "events.jsonl")
+    # enqueued an hour ago: within the log retention, so the demo's log keeps every event
+    events = write_demo_file(work_dir / "events.jsonl", int(time.time() * 1000) - 3_600_000)
     config = work_dir / "cdclake.toml"  # left behind: every command runs on the demo's tables with -c
     config.write_text(
         f"work_dir = {json.dumps(str(work_dir.resolve()))}\n"

@@ -139,7 +139,7 @@ def _ms(op: str, after: dict | None, before: dict | None, lsn: str, serial: int,
     }
 
 
-def demo_events() -> Iterator[dict[str, Any]]:
+def demo_events(t0: int = T0) -> Iterator[dict[str, Any]]:
     """kcat -J style records, in topic/partition order of arrival."""
     out: list[tuple[str, int, Any, Any]] = []
     cust = "pg.inventory.customers"
@@ -226,7 +226,7 @@ def demo_events() -> Iterator[dict[str, Any]]:
             "topic": topic,
             "partition": part,
             "offset": off,
-            "ts": T0 + off * 1000,
+            "ts": t0 + off * 1000,  # enqueued time
             "broker": 0,
             "key": json.dumps(key),
             "payload": payload,
@@ -236,9 +236,10 @@ def demo_events() -> Iterator[dict[str, Any]]:
 LATE_EVENTS = 2  # the last records of the file arrive after a first compaction
 
 
-def write_demo_file(path: Path) -> Path:
+def write_demo_file(path: Path, t0: int = T0) -> Path:
+    """The demo's records as a kcat -J dump; `t0`: the first enqueued time (ms)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        for rec in demo_events():
+        for rec in demo_events(t0):
             f.write(json.dumps(rec) + "\n")
     return path

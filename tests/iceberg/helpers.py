@@ -42,8 +42,13 @@ def compact_table(
     force: bool = True,
     packed: bool = True,
     maintenance: MaintenancePolicy | None = None,
+    log_retention: bool = False,
 ):
+    """One round at `now` (2030 by default: the test streams' events are years older, so log
+    retention, which would trim them, is off unless asked for)."""
     policy = dataclasses.replace(policy_of(settings), packed=packed)
+    if not log_retention:
+        policy = dataclasses.replace(policy, log_retention=None)
     if maintenance is not None:
         policy = dataclasses.replace(policy, maintenance=maintenance)
     return compact(spark, load_catalog(settings), names(settings, table), policy, now, force)

@@ -52,7 +52,7 @@ def test_log_retention_bounds_the_log_over_40_rounds(spark, settings, tmp_path):
         write_lines(path, [json.dumps(x) for x in lines])
         run_ingest(s)
         now = START + timedelta(hours=n, minutes=30)
-        report = compact_table(spark, s, "things", now=now)
+        report = compact_table(spark, s, "things", now=now, log_retention=True)
         sizes.append(load_catalog(s).load_table(log).scan().count())
         trimmed.append(report.trimmed)
     # what the log may hold: the last RETENTION_H + 1 rounds, one winner per key and tombstone,
