@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from quotas.errors import QuotaExceededError
 from tests.iceberg.helpers import names, offsets_by_key, with_source, write_lines
 
 TOPIC = "db.s.things"
+NOW_MS = int(time.time() * 1000)
 
 
 def line(partition: int, offset: int, key: int, pad: int = 150) -> str:
@@ -26,7 +28,7 @@ def line(partition: int, offset: int, key: int, pad: int = 150) -> str:
             "topic": TOPIC,
             "partition": partition,
             "offset": offset,
-            "ts": 1_700_000_000_000 + offset,
+            "ts": NOW_MS + offset,  # enqueued now: inside the log retention of the rounds backpressure runs
             "key": json.dumps({"id": key}),
             "payload": json.dumps(value),
         }
