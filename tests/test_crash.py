@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ import pytest
 from connector.core.config import load_settings
 from connector.demo import write_demo_file
 from iceberg.catalog import load_catalog
+
+NOW_MS = int(time.time() * 1000) - 3_600_000  # the demo stream, enqueued an hour ago
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 TABLES = ("customers", "orders", "products")
@@ -51,7 +54,7 @@ def snapshot_of(work: Path) -> dict[str, list]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     work = tmp_path_factory.mktemp("clean")
-    events = write_demo_file(work / "events.jsonl")
+    events = write_demo_file(work / "events.jsonl", NOW_MS)  # inside the log retention: the log keeps all
     assert cli(work, events, "ingest") == 0
     assert cli(work, events, "compact", "--force") == 0
     return events, snapshot_of(work)
