@@ -82,7 +82,8 @@ def _lines(first: int, n: int) -> list[str]:
         json.dumps({"op": "c", "after": {"id": i % 50, "n": i}, "source": {"connector": "postgresql", "lsn": 10 + i}})
         for i in range(first, first + n)
     ]
-    lines = kcat_lines("db.s.things", values, [{"id": i % 50} for i in range(first, first + n)])
+    keys = [{"id": i % 50} for i in range(first, first + n)]
+    lines = kcat_lines("db.s.things", values, keys, ts0=int(time.time() * 1000))  # inside the log retention
     return [json.dumps(json.loads(line) | {"offset": first + k}) for k, line in enumerate(lines)]
 
 
