@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from functools import reduce
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import BooleanExpression, LessThan, LessThanOrEqual
+from pyiceberg.expressions import BooleanExpression, LessThanOrEqual
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -41,6 +41,7 @@ from iceberg import leases
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
 from iceberg.compaction.retain import purge_predicate
+from iceberg.compaction.retention import trim
 from iceberg.compaction.stats import (
     CLEANER_POINTS_PROPERTY,
     STREAM_BYTES_PROPERTY,
@@ -59,7 +60,6 @@ STATS_PROPERTY = "cdclake.compaction"
 TRUNCATE_PROPERTY = "cdclake.truncate"  # the table's truncate marker, carried by every round's commit
 STALE_PROPERTY = "cdclake.stale"  # the round's stale events by reason
 ORDERING_PROPERTY = "cdclake.ordering"  # the ordering rule the state was built by
-TRIMMED_PROPERTY = "cdclake.trimmed-before"  # on the log: log retention removed rows enqueued before this
 
 
 @dataclass
@@ -104,14 +104,6 @@ def _has_rows(catalog: Catalog, name: str) -> bool:
     snapshot = catalog.load_table(name).current_snapshot()
     summary = snapshot.summary if snapshot is not None else None
     return summary is not None and int(summary.additional_properties.get("total-records", 1)) > 0
-
-
-def _rows(catalog: Catalog, name: str) -> int:
-    """The table's rows, from its snapshot summary (0 without a table or a snapshot)."""
-    table = load_optional(catalog, name)
-    snapshot = table.current_snapshot() if table is not None else None
-    summary = snapshot.summary if snapshot is not None else None
-    return int(summary.additional_properties.get("total-records", 0)) if summary is not None else 0
 
 
 def _expired_by(now: datetime) -> BooleanExpression:
@@ -517,63 +509,10 @@ class Round:
         self.step("purge")
 
     def trim_log(self) -> None:
-        """7b. The log's rows older than the log retention that nothing needs go (a row
-        delete): below their stream's cleaner point (never a dirty event), not a live key's
-        or tombstone's winner (the reader's value bytes, `verify`'s and `rebuild`'s
-        recomputation), not a truncate (it removes older keys on recomputation). Dead letters
-        older than the retention go too. The log's rows are trimmed only once the files whose
-        `enqueued_time` bounds say they may hold old rows hold more rows than the state and
-        tombstones (the most the keys keep): a steady stream trims in batches, not each round."""
-        retention = self.policy.log_retention
-        if retention is None:
-            return
-        cutoff = self.now - retention
-        old = LessThan("enqueued_time", cutoff.isoformat())  # type: ignore[call-arg,misc]
-        names, catalog = self.names, self.catalog
-        points = cleaner_points(load_optional(catalog, names.state))
-        # at most the rows of the files that may hold old rows, against what the keys keep: trim
-        # once there are more of those than winners (a steady stream trims in batches, not each round)
-        may = sum(t.file.record_count for t in catalog.load_table(names.log).scan(row_filter=old).plan_files())
-        if points and may > sum(_rows(catalog, t) for t in (names.state, names.tombstones)):
-            keys = ["topic", "partition", "sequence_number"]
-            stream = F.concat_ws(":", "topic", F.col("partition").cast("string"))
-            point = F.create_map(*[x for s, p in sorted(points.items()) for x in (F.lit(s), F.lit(p))])
-            winners = reduce(
-                DataFrame.unionByName,
-                [
-                    self.spark.table(names.spark(t)).select(
-                        F.col("_topic").alias("topic"),
-                        F.col("_partition_id").alias("partition"),
-                        F.col("_sequence_number").alias("sequence_number"),
-                    )
-                    for t in (names.state, names.tombstones)
-                ],
-            )
-            gone = (
-                self.spark.table(names.spark(names.log))
-                .where((F.col("enqueued_time") < F.lit(cutoff)) & (F.col("op") != "t"))
-                .where(F.col("sequence_number") < F.coalesce(point[stream], F.lit(0)))
-                .select(*keys)
-                .join(winners, keys, "left_anti")
-                .localCheckpoint(eager=True)
-            )
-            self.report.trimmed = gone.count()
-            if self.report.trimmed:
-                gone.createOrReplaceTempView("cdclake_trim")
-                writes.merge(
-                    self.spark,
-                    f"MERGE INTO {names.spark(names.log)} t USING cdclake_trim s ON t.topic = s.topic "
-                    "AND t.partition = s.partition AND t.sequence_number = s.sequence_number WHEN MATCHED THEN DELETE",
-                    {TRIMMED_PROPERTY: cutoff.isoformat()},
-                )
-        if catalog.table_exists(names.dead_letters) and any(
-            True for _ in catalog.load_table(names.dead_letters).scan(row_filter=old).plan_files()
-        ):
-            self.spark.sql(
-                f"DELETE FROM {names.spark(names.dead_letters)} WHERE enqueued_time < TIMESTAMP "
-                f"'{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
-            )
-        self.step("log retention")
+        """7b. Log retention (`iceberg.compaction.retention`)."""
+        if self.policy.log_retention is not None:
+            self.report.trimmed = trim(self.spark, self.catalog, self.names, self.now - self.policy.log_retention)
+            self.step("log retention")
 
     def maintain(self) -> None:
         """8. Small files, deleted rows and the log's manifests rewritten, old snapshots expired."""

@@ -1,0 +1,83 @@
+"""Log retention: the log's rows older than the retention that no key needs go.
+
+Kept whatever their age: everything at or past the stream's cleaner point (never a dirty
+event), each live key's and each tombstone's winning event (the reader's value bytes, the
+recomputation of `verify` and `rebuild`), and every truncate (it removes older keys on
+recomputation). The rest older than the cut-off is removed by a row delete, once the files
+whose `enqueued_time` bounds say they may hold old rows hold more rows than the state and
+tombstones (the most the keys keep): a steady stream trims in batches, not each round. Dead
+letters older than the cut-off go too. The log's trimming commit records the cut-off
+(`TRIMMED_PROPERTY`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import reduce
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import LessThan
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from iceberg.compaction import writes
+from iceberg.compaction.stats import cleaner_points, load_optional
+from iceberg.layouts import TableNames
+
+TRIMMED_PROPERTY = "cdclake.trimmed-before"  # on the log: rows enqueued before this were trimmed
+
+
+def _rows(catalog: Catalog, name: str) -> int:
+    """The table's rows, from its snapshot summary (0 without a table or a snapshot)."""
+    table = load_optional(catalog, name)
+    snapshot = table.current_snapshot() if table is not None else None
+    summary = snapshot.summary if snapshot is not None else None
+    return int(summary.additional_properties.get("total-records", 0)) if summary is not None else 0
+
+
+def trim(spark: SparkSession, catalog: Catalog, names: TableNames, cutoff: datetime) -> int:
+    """Applies the module's rule at `cutoff`; returns how many log rows went."""
+    old = LessThan("enqueued_time", cutoff.isoformat())  # type: ignore[call-arg,misc]
+    points = cleaner_points(load_optional(catalog, names.state))
+    may = sum(t.file.record_count for t in catalog.load_table(names.log).scan(row_filter=old).plan_files())
+    trimmed = 0
+    if points and may > sum(_rows(catalog, t) for t in (names.state, names.tombstones)):
+        keys = ["topic", "partition", "sequence_number"]
+        stream = F.concat_ws(":", "topic", F.col("partition").cast("string"))
+        point = F.create_map(*[x for s, p in sorted(points.items()) for x in (F.lit(s), F.lit(p))])
+        winners = reduce(
+            DataFrame.unionByName,
+            [
+                spark.table(names.spark(t)).select(
+                    F.col("_topic").alias("topic"),
+                    F.col("_partition_id").alias("partition"),
+                    F.col("_sequence_number").alias("sequence_number"),
+                )
+                for t in (names.state, names.tombstones)
+            ],
+        )
+        gone = (
+            spark.table(names.spark(names.log))
+            .where((F.col("enqueued_time") < F.lit(cutoff)) & (F.col("op") != "t"))
+            .where(F.col("sequence_number") < F.coalesce(point[stream], F.lit(0)))
+            .select(*keys)
+            .join(winners, keys, "left_anti")
+            .localCheckpoint(eager=True)
+        )
+        trimmed = gone.count()
+        if trimmed:
+            gone.createOrReplaceTempView("cdclake_trim")
+            writes.merge(
+                spark,
+                f"MERGE INTO {names.spark(names.log)} t USING cdclake_trim s ON t.topic = s.topic "
+                "AND t.partition = s.partition AND t.sequence_number = s.sequence_number WHEN MATCHED THEN DELETE",
+                {TRIMMED_PROPERTY: cutoff.isoformat()},
+            )
+    if catalog.table_exists(names.dead_letters) and any(
+        True for _ in catalog.load_table(names.dead_letters).scan(row_filter=old).plan_files()
+    ):
+        spark.sql(
+            f"DELETE FROM {names.spark(names.dead_letters)} WHERE enqueued_time < TIMESTAMP "
+            f"'{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
+        )
+    return trimmed
