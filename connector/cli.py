@@ -489,32 +489,9 @@ def read(
 
     Example: `cdclake read customers -c lake.toml --partition 0 --from-offset 1200 | head`"""
     settings = _settings(config)
-    _guard(lambda: _print_read(settings, table, partition, from_offset, as_of, fmt, limit))
+    from connector.operate import print_read
 
-
-def _print_read(settings, table, partition, from_offset, as_of, fmt, limit) -> None:  # noqa: ANN001
-    if fmt not in ("jsonl", "table"):
-        raise ConfigError(f"--format {fmt!r}: give jsonl or table")
-    from connector.app import table_names
-    from iceberg.catalog import load_catalog
-    from iceberg.reader import as_json, compacted_log, rows
-    from iceberg.spark import get_spark
-
-    catalog = load_catalog(settings)
-    (names,) = table_names(settings, catalog, [table])
-    frame = compacted_log(get_spark(settings), catalog, names, partition, from_offset, as_of)
-    if limit is not None:
-        frame = frame.limit(limit)
-    if fmt == "jsonl":
-        for row in rows(frame):
-            print(json.dumps(as_json(row), ensure_ascii=False))
-        return
-    out = _table("partition", "offset", "sequence", "enqueued", "key", "value", title=f"compacted log of {table}")
-    for row in rows(frame):
-        j = as_json(row)
-        out.add_row(str(j["partition"]), j["offset"], str(j["sequence_number"]), j["enqueued_time"], str(j["key"]),
-                    "(tombstone)" if row["tombstone"] else str(j.get("value", j.get("value_base64"))))  # fmt: skip
-    _show(out)
+    _guard(lambda: print_read(settings, table, partition, from_offset, as_of, fmt, limit))
 
 
 @app.command("history")
@@ -532,26 +509,9 @@ def history_command(
     Example: `cdclake history customers -c lake.toml --key '{"id":1004}'`, or `--write` for
     `SELECT * FROM cdc.customers__history` in `cdclake query` or any Iceberg reader"""
     settings = _settings(config)
-    _guard(lambda: _do_history(settings, table, key, write, limit))
+    from connector.operate import print_history
 
-
-def _do_history(settings: Settings, table: str, key: str | None, write: bool, limit: int) -> None:
-    from connector.app import table_names
-    from iceberg.catalog import load_catalog
-    from iceberg.history import history, write_history
-    from iceberg.spark import get_spark
-
-    (names,) = table_names(settings, load_catalog(settings), [table])
-    spark, ordering = get_spark(settings), settings.compaction.ordering
-    if write:
-        console.print(f"wrote {write_history(spark, names, ordering)}")
-        return
-    rows = history(spark, names, ordering, key).limit(limit).collect()
-    out = _table("key", "version", "op", "valid from", "valid to", "offset", "after", title=f"history of {table}")
-    for r in rows:
-        out.add_row(r["_key"], str(r["version"]), r["_op"], str(r["valid_from"]), str(r["valid_to"] or "-"),
-                    f"{r['_partition_id']}:{r['_offset']}", r["after"] or "-")  # fmt: skip
-    _show(out)
+    _guard(lambda: print_history(settings, table, key, write, limit))
 
 
 @app.command()
@@ -565,7 +525,9 @@ def verify(
 
     Example: `cdclake verify orders -c lake.toml`"""
     settings = _settings(config)
-    report = _guard(lambda: _do_verify(settings, table))
+    from connector.operate import verify_or_rebuild
+
+    report = _guard(lambda: verify_or_rebuild(settings, table))
     if not report.ok:
         raise typer.Exit(1)
 
@@ -582,36 +544,9 @@ def rebuild(
 
     Example: `cdclake rebuild orders -c lake.toml`, then `cdclake verify orders -c lake.toml`"""
     settings = _settings(config)
-    _guard(lambda: _do_verify(settings, table, rebuild=True, wait=wait))
+    from connector.operate import verify_or_rebuild
 
-
-def _do_verify(settings: Settings, table: str, rebuild: bool = False, wait: float = 0.0):
-    from connector.app import policy_of, table_names
-    from iceberg import verify as v
-    from iceberg.catalog import load_catalog
-    from iceberg.spark import get_spark
-
-    catalog = load_catalog(settings)
-    (names,) = table_names(settings, catalog, [table])
-    spark, policy, now = get_spark(settings), policy_of(settings), datetime.now(UTC)
-    with console.status(f"recomputing {names.state} from its log"):
-        report = (
-            v.rebuild(spark, catalog, names, policy, now, wait)
-            if rebuild
-            else v.verify(spark, catalog, names, policy, now)
-        )
-    ranges = ", ".join(f"{s} {lo}..{hi}" for s, (lo, hi) in sorted(report.horizon.items()))
-    done = "rebuilt" if rebuild else "recomputed"
-    console.print(f"{names.state}: {done} from the log's {report.events:,} events ({ranges or 'none'})")
-    if rebuild:
-        return report
-    out = _table("table", *v.KINDS, title="differences" if not report.ok else "no differences")
-    for kind, counts in report.counts.items():
-        samples = report.samples.get(kind, {})
-        cells = [f"{counts[k]:,}" + ("".join(f"\n{key}" for key in samples.get(k, []))) for k in v.KINDS]
-        out.add_row(kind, *cells)
-    _show(out)
-    return report
+    _guard(lambda: verify_or_rebuild(settings, table, rebuild=True, wait=wait))
 
 
 @app.command()
