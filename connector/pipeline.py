@@ -1,12 +1,14 @@
-"""Ingest as a Spark job: source -> stage (decode) -> admit -> append to the log and
-dead-letter tables.
+"""Ingest as a Spark job: source -> stage (decode, write data files) -> admit -> commit to
+the log and dead-letter tables.
 
 Each bounded batch a source plans is a Spark DataFrame of raw records. `connector.stage`
-decodes it on the executors (`mapInArrow`) into rows for their tables, kept for the batch
-(`persist`); one aggregate per table and stream comes back to the driver (counts, bytes,
-first and last position), the quota gate decides on it, and Spark's Iceberg writer appends
-each table's rows with the batch's end positions in the same commit. The driver holds one
-batch's aggregates, never its records.
+decodes it on the executors (`mapInArrow`) and writes each table's fresh rows of each stream
+as Parquet data files of that table, where the task runs; one summary per table and stream
+comes back to the driver (counts, bytes, first and last position, the files), the quota gate
+decides on it, and each table's admitted files are committed with the batch's end positions
+in the same snapshot (files of a refused stream are removed). The driver holds one batch's
+summaries, never its records; no record crosses back to the JVM. A table met for the first
+time is created before the batch is staged again with it.
 
 Exactly-once: each log and dead-letter table records, in the commit that adds its rows,
 the next position per stream it has accounted for. A run resumes every stream at the
@@ -18,15 +20,17 @@ point and a replay of the same input add nothing twice.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from pyiceberg.catalog import Catalog
 
 from connector.debezium import Decoder
@@ -34,6 +38,7 @@ from connector.sinks import Sinks
 from connector.sources import Source
 from iceberg.layouts import DEAD_LETTERS_SUFFIX, LOG_SUFFIX
 from iceberg.leases import Lease
+from iceberg.log_writer import FileTarget, delete_data_files
 from quotas.errors import QuotaExceededError
 from quotas.metrics import DEAD_LETTERS, EVENTS, REFUSALS
 
@@ -172,81 +177,115 @@ def _unwrap(e: Exception) -> Exception:
 
 
 def _batch(frame: Any, expand: Callable | None, run: _Run) -> tuple[list, dict[str, tuple[int, str]]]:
-    """One batch through Spark: stage (decode), aggregate, admit, append per table. Returns
-    the quota refusals and, per stream, the last record's sequence number and offset."""
+    """One batch through Spark: stage (decode and write data files), admit, commit per table.
+    Returns the quota refusals and, per stream, the last record's sequence number and offset."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from connector.stage import STAGED_SCHEMA, Quotas, StageContext, decode_stage
+    from connector.stage import WRITTEN_SCHEMA, Quotas, StageContext, write_stage
 
     job, sinks, gate = run.job, run.sinks, run.job.gate
     now = datetime.now(UTC)
     quotas = Quotas(gate.settings if gate is not None else None)
-    ctx = StageContext(copy.deepcopy(job.decoder), copy.deepcopy(sinks.positions), quotas, now, expand)
     if expand is None:  # Spark hands text to Python quickly, an array column slowly
         frame = frame.withColumn("headers", F.when(F.size("headers") > 0, F.to_json("headers")))
     started = time.monotonic()
-    staged = frame.mapInArrow(lambda batches: decode_stage(ctx, batches), from_arrow_schema(STAGED_SCHEMA))
-    # Decoded once and held on the executors for the batch's jobs: a local checkpoint keeps
-    # the rows as they are (measured 0.75 s per 180k events against 1.25 s for `persist`,
-    # which builds a columnar cache), and is released explicitly when the batch is done.
-    staged = staged.localCheckpoint(eager=True)
-    try:
-        fresh = F.col("fresh")
-        groups = (
-            staged.groupBy("sink", "topic", "partition")
-            .agg(
-                F.count(F.lit(1)).alias("n"),
-                F.count_if(fresh).alias("fresh_n"),
-                F.sum(F.when(fresh, F.col("payload_bytes"))).alias("bytes"),
-                F.min(F.when(fresh, F.col("sequence_number"))).alias("first"),
-                F.max_by(F.struct("sequence_number", "offset"), "sequence_number").alias("last"),
-                F.bool_or(F.col("op").isNotNull() & ~F.col("tombstone")).alias("routed"),
-            )
-            .collect()
+    targets = sinks.targets()
+    new_target: Callable[[str], FileTarget] | None = sinks.new_target()
+    while True:
+        ctx = StageContext(
+            copy.deepcopy(job.decoder), copy.deepcopy(sinks.positions), quotas, now, expand, targets, new_target
         )
-        decoded = time.monotonic()
-        out = _commit_staged(staged, groups, run, ctx.floors)
-        log.info(
-            "batch of %s records: read and decoded in %.2f s, committed in %.2f s",
-            f"{sum(g['n'] for g in groups):,}",
-            decoded - started,
-            time.monotonic() - decoded,
+        stage = functools.partial(write_stage, ctx)
+        groups = _merge(frame.mapInArrow(stage, from_arrow_schema(WRITTEN_SCHEMA)).collect())
+        # Sinks met for the first time: their tables are created before any of the batch's rows
+        # is committed. The files were written for the table as it is created; should it be
+        # otherwise (another process made it), the batch is staged again for the table as it is.
+        new = sorted({sink for sink, _ in groups} - set(targets))
+        for sink in new:
+            sinks.get(sink)
+        if not new or (new_target is not None and all(new_target(sink).fits(sinks.tables[sink]) for sink in new)):
+            break
+        _discard(sinks, groups.values())
+        targets, new_target = sinks.targets(), None
+    staged = time.monotonic()
+    out = _commit_staged(groups, run, ctx.floors)
+    log.info(
+        "batch of %s records: read, decoded and written in %.2f s, committed in %.2f s",
+        f"{sum(g['n'] for g in groups.values()):,}",
+        staged - started,
+        time.monotonic() - staged,
+    )
+    return out
+
+
+def _merge(rows: list) -> dict[tuple[str, str], dict[str, Any]]:
+    """The tasks' summaries (`WRITTEN_SCHEMA` rows) per sink and stream (a stream that several
+    tasks read, a file's, summed up)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["sink"], f"{r['topic']}:{r['partition']}")
+        g = out.setdefault(
+            key,
+            {
+                "topic": r["topic"],
+                "n": 0,
+                "fresh_n": 0,
+                "bytes": 0,
+                "first": None,
+                "last": (-1, ""),
+                "routed": False,
+                "files": [],
+                "reasons": defaultdict(int),
+                "examples": [],
+            },
         )
-        return out
-    finally:
-        staged._jdf.queryExecution().analyzed().rdd().unpersist(False)  # the checkpoint's blocks
+        g["n"] += r["n"]
+        g["fresh_n"] += r["fresh_n"]
+        g["bytes"] += r["bytes"]
+        if r["first"] is not None and (g["first"] is None or r["first"] < g["first"]):
+            g["first"] = r["first"]
+        g["last"] = max(g["last"], (r["last"], r["last_offset"]))
+        g["routed"] = g["routed"] or bool(r["routed"])
+        g["files"] = None if g["files"] is None or r["files"] is None else [*g["files"], r["files"]]
+        for reason, n in orjson.loads(r["reasons"] or "{}").items():
+            g["reasons"][reason] += n
+        g["examples"] += orjson.loads(r["examples"] or "[]")
+    return out
 
 
-def _commit_staged(staged: Any, groups: list, run: _Run, floors: Mapping[str, Mapping[str, int]]) -> tuple[list, dict]:
-    from pyspark.sql import functions as F
+def _discard(sinks: Sinks, groups: Iterable[Mapping[str, Any]]) -> None:
+    """Remove data files no commit will name."""
+    blobs = [b for g in groups for b in g["files"] or []]
+    if blobs:
+        delete_data_files(next(iter(sinks.tables.values())).io, blobs)
 
+
+def _commit_staged(
+    groups: Mapping[tuple[str, str], Mapping[str, Any]], run: _Run, floors: Mapping[str, Mapping[str, int]]
+) -> tuple[list, dict]:
     job, sinks, stats, gate = run.job, run.sinks, run.stats, run.job.gate
     last: dict[str, tuple[int, str]] = {}
-    per_sink: dict[str, dict[str, Any]] = defaultdict(dict)
-    for g in groups:
-        stream = f"{g['topic']}:{g['partition']}"
-        if stream not in last or g["last"]["sequence_number"] > last[stream][0]:
-            last[stream] = (g["last"]["sequence_number"], g["last"]["offset"])
-        per_sink[g["sink"]][stream] = g
-        if g["routed"] and g["sink"].endswith(LOG_SUFFIX):
-            job.decoder.learn(g["topic"], g["sink"][: -len(LOG_SUFFIX)])
+    per_sink: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
+    for (sink, stream), g in groups.items():
+        if stream not in last or g["last"][0] > last[stream][0]:
+            last[stream] = g["last"]
+        per_sink[sink][stream] = g
+        if g["routed"] and sink.endswith(LOG_SUFFIX):
+            job.decoder.learn(g["topic"], sink[: -len(LOG_SUFFIX)])
     batch_positions = {**stats.positions}
     for stream, (seq, _) in last.items():
         batch_positions[stream] = max(batch_positions.get(stream, 0), seq + 1)
-    _report_dead_letters(staged, per_sink)
+    _report_dead_letters(per_sink)
 
-    # Every table of the batch exists before any of its rows is committed: a table that cannot
-    # be created fails the batch whole, and its records stay ahead of every resume position.
     for sink in sorted(per_sink):
-        sinks.get(sink)
         if sinks.positions[sink] != floors.get(sink, {}):  # the stage judged `fresh` by `floors`
             sinks.conflict(sink)
     refusals: list = []
     for sink, streams in sorted(per_sink.items()):
         table = sink[: -len(LOG_SUFFIX)] if sink.endswith(LOG_SUFFIX) else sink[: -len(DEAD_LETTERS_SUFFIX)]
         stats.duplicates += sum(g["n"] - g["fresh_n"] for g in streams.values())
-        incoming = {s: (g["bytes"] or 0, g["first"]) for s, g in streams.items() if g["fresh_n"]}
+        incoming = {s: (g["bytes"], g["first"]) for s, g in streams.items() if g["fresh_n"]}
         caps: dict[str, int] = {}
         if gate is not None and sink.endswith(LOG_SUFFIX):
             new = gate.admit(table, incoming)
@@ -255,14 +294,10 @@ def _commit_staged(staged: Any, groups: list, run: _Run, floors: Mapping[str, Ma
             refusals += new
             caps = _caps(gate, sink)
         kept = {s: g for s, g in streams.items() if g["fresh_n"] and s not in caps}
+        _discard(sinks, [g for s, g in streams.items() if s not in kept])
         positions = {**batch_positions, **caps}
         if kept:
-            rows = staged.where(
-                (F.col("sink") == sink)
-                & F.col("fresh")
-                & F.concat_ws(":", "topic", F.col("partition").cast("string")).isin(sorted(kept))
-            )
-            sinks.append(sink, rows, positions)
+            sinks.append(sink, [b for g in kept.values() for b in g["files"]], positions)
         n = sum(g["fresh_n"] for g in kept.values())
         if sink.endswith(LOG_SUFFIX):
             stats.accepted[table] += n
@@ -278,22 +313,16 @@ def _commit_staged(staged: Any, groups: list, run: _Run, floors: Mapping[str, Ma
     return refusals, last
 
 
-def _report_dead_letters(staged: Any, per_sink: Mapping[str, Mapping[str, Any]], examples: int = 20) -> None:
+def _report_dead_letters(per_sink: Mapping[str, Mapping[str, Mapping[str, Any]]], examples: int = 20) -> None:
     """Dead letters: counted by table and reason (metric), the first few logged with where they are."""
-    from pyspark.sql import functions as F
-
-    if not any(s.endswith(DEAD_LETTERS_SUFFIX) and any(g["fresh_n"] for g in v.values()) for s, v in per_sink.items()):
-        return
-    letters = staged.where(F.col("reason").isNotNull() & F.col("fresh"))
-    for r in letters.groupBy("sink", "reason").count().collect():
-        DEAD_LETTERS.labels(r["sink"][: -len(DEAD_LETTERS_SUFFIX)], r["reason"]).inc(r["count"])
-    for r in letters.select("sink", "topic", "partition", "offset", "reason", "detail").limit(examples).collect():
-        log.warning(
-            "dead letter for table %s at %s:%s offset %s: %s: %s",
-            r["sink"][: -len(DEAD_LETTERS_SUFFIX)],
-            r["topic"],
-            r["partition"],
-            r["offset"],
-            r["reason"],
-            r["detail"],
-        )
+    shown = 0
+    for sink, streams in sorted(per_sink.items()):
+        if not sink.endswith(DEAD_LETTERS_SUFFIX):
+            continue
+        table = sink[: -len(DEAD_LETTERS_SUFFIX)]
+        for stream, g in sorted(streams.items()):
+            for reason, n in g["reasons"].items():
+                DEAD_LETTERS.labels(table, reason).inc(n)
+            for offset, reason, detail in g["examples"][: max(examples - shown, 0)]:
+                log.warning("dead letter for table %s at %s offset %s: %s: %s", table, stream, offset, reason, detail)
+                shown += 1

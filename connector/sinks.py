@@ -1,7 +1,7 @@
 """The log and dead-letter tables an ingest run writes, and its fenced commits.
 
 One writer per table: each commit is conditional on the table's `main` being where the run
-read its positions. Spark's Iceberg writer appends the rows to the run's own branch, made at
+read its positions. The batch's data files are appended to the run's own branch, made at
 that snapshot; `main` moves to the branch head only if no other commit came in between (a
 pyiceberg ref update, which asserts `main` and is not retried). A commit in between that
 moved the positions (another ingest) stops the run with `ConcurrentWriterError` naming the
@@ -10,6 +10,7 @@ other writer; one that did not (maintenance) is retried on top of it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -20,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.table import Table
 
 from connector.core.errors import ConcurrentWriterError
@@ -29,7 +31,9 @@ from iceberg.leases import Lease
 from iceberg.log_writer import (
     POSITIONS_PROPERTY,
     WRITER_PROPERTY,
+    FileTarget,
     append_with_positions,
+    commit_data_files,
     committed_positions,
     summary_properties,
     summary_value,
@@ -76,7 +80,7 @@ class Sinks:
         except NoSuchTableError:
             crash_point("ingest.create-table")
             try:
-                self.catalog.create_table((self.namespace, name), schema=_layout(name))
+                self.catalog.create_table((self.namespace, name), schema=_layout(name), location=self.location(name))
                 log.info("created table %s.%s", self.namespace, name)
             except TableAlreadyExistsError:
                 pass  # another process created it first
@@ -94,25 +98,25 @@ class Sinks:
     def _props(self, positions: Mapping[str, int] | None) -> dict[str, str]:
         return {**(summary_properties(positions) if positions is not None else {}), WRITER_PROPERTY: self.writer}
 
-    def append(self, name: str, rows: Any, positions: Mapping[str, int]) -> None:
-        """Append a Spark DataFrame of staged rows (`connector.stage`) with Spark's Iceberg
-        writer, and `positions` (merged with what the table holds) in the same commit."""
-        schema = _layout(name)
-        columns = ["raw_key AS key" if n == "key" and schema is DEAD_LETTER_SCHEMA else n for n in schema.names]
-        columns += [  # a column an older layout had: null in new rows
-            f"CAST(NULL AS {f.field_type}) AS `{f.name}`"
-            for f in self.tables[name].schema().fields
-            if f.name not in schema.names
-        ]
+    def targets(self) -> dict[str, FileTarget]:
+        """What a Spark task needs to write data files of each known table."""
+        return {name: FileTarget.of(table) for name, table in self.tables.items()}
+
+    def location(self, name: str) -> str:
+        """Where the catalog puts table `name` of the namespace."""
+        return self.catalog._resolve_table_location(None, self.namespace, name)  # type: ignore[attr-defined]
+
+    def new_target(self) -> Callable[[str], FileTarget]:
+        """What a Spark task needs to write data files of a table not created yet (by name)."""
+        base = self.location("")
+        return functools.partial(_new_target, load_file_io(self.catalog.properties, base), base)
+
+    def append(self, name: str, written: list[bytes], positions: Mapping[str, int]) -> None:
+        """Commit data files a stage wrote (`connector.stage`, pickled) with `positions`
+        (merged with what the table holds) in the same snapshot."""
 
         def write(props: Mapping[str, str]) -> None:
-            writer = rows.selectExpr(*columns).writeTo(
-                f"`{self.catalog.name}`.`{self.namespace}`.`{name}`.`branch_{self.branch}`"
-            )
-            for k, v in props.items():
-                writer = writer.option(f"snapshot-property.{k}", v)
-            crash_point("ingest.before-commit")  # nothing written yet for this table
-            writer.option("check-nullability", "false").append()  # the stage fills the required columns
+            commit_data_files(self.catalog.load_table((self.namespace, name)), written, props, self.branch)
 
         self._commit(name, positions, write)
 
@@ -208,6 +212,10 @@ def _append(table: Table, props: Mapping[str, str], branch: str, **kw: Any) -> N
         if "sequence number" not in str(e):
             raise
         raise CommitFailedException(str(e)) from e
+
+
+def _new_target(io: FileIO, base: str, name: str) -> FileTarget:
+    return FileTarget.new(io, base + name, _layout(name))
 
 
 def _layout(name: str) -> pa.Schema:

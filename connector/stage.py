@@ -1,18 +1,23 @@
-"""The decode stage of a Spark ingest batch (pure: Arrow in, Arrow out; runs on executors).
+"""The stage of a Spark ingest batch: decode, then write data files (runs on executors).
 
-Spark hands each task its raw records as Arrow batches (`RECORD_SCHEMA`, one source
-partition per task, in log order); `decode_stage` turns them into rows of `STAGED_SCHEMA`:
-one row per record, for its sink (`<t>__log` or `<t>__dead_letters`), with the sink's own
-columns filled. A row is `fresh` when its sequence number is at or after what its sink has
-already committed for its stream, so a replayed batch adds nothing twice. Events over their
-table's size limit become dead letters (reason `size`) here, like any other bad record.
+Spark hands each task its raw records as Arrow batches (`RECORD_SCHEMA`, in log order);
+`stage_records` turns them into rows of `STAGED_SCHEMA`: one row per record, for its sink
+(`<t>__log` or `<t>__dead_letters`), with the sink's own columns filled. A row is `fresh`
+when its sequence number is at or after what its sink has already committed for its
+stream, so a replayed batch adds nothing twice. Events over their table's size limit become
+dead letters (reason `size`) here, like any other bad record.
+
+`write_stage` then writes each sink's fresh rows of each stream as data files of the sink's
+table, where the task runs, and gives Spark one summary row per sink and stream
+(`WRITTEN_SCHEMA`): counts, bytes, first and last position, the files. The driver decides
+on the summaries (quotas) and commits the files; no record crosses back to the JVM.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -23,7 +28,8 @@ import pyarrow.compute as pc
 from connector.batch import RECORD_SCHEMA, RecordBatch, Rows, at_or_after, dead_letter_rows, decode_batch
 from connector.core.records import DeadLetter
 from connector.debezium import Decoder
-from iceberg.layouts import DEAD_LETTERS_SUFFIX, HEADERS_TYPE, LOG_SCHEMA, LOG_SUFFIX
+from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, HEADERS_TYPE, LOG_SCHEMA, LOG_SUFFIX
+from iceberg.log_writer import DataFileWriter, FileTarget
 from quotas.admit import event_too_large
 from quotas.ledger import table_quota
 from quotas.tiers import TierQuota
@@ -38,18 +44,40 @@ STAGED_SCHEMA = pa.schema(
     + [pa.field("raw_key", pa.binary()), pa.field("reason", pa.string()), pa.field("detail", pa.string())]
 )
 
+# What a task gives back per sink and stream.
+WRITTEN_SCHEMA = pa.schema(
+    [
+        ("sink", pa.string()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("n", pa.int64()),  # records
+        ("fresh_n", pa.int64()),  # of them not yet in the sink
+        ("bytes", pa.int64()),  # payload bytes of the fresh ones (what quotas count)
+        ("first", pa.int64()),  # the lowest fresh sequence number
+        ("last", pa.int64()),  # the highest sequence number
+        ("last_offset", pa.string()),  # its offset
+        ("routed", pa.bool_()),  # a change routed to the sink's table (not only tombstones)
+        ("files", pa.binary()),  # the fresh rows' data files (pickled); null: not written
+        ("reasons", pa.string()),  # dead letters: {reason: count} of the fresh ones, as JSON
+        ("examples", pa.string()),  # dead letters: the first few fresh, [[offset, reason, detail]], as JSON
+    ]
+)
+EXAMPLES = 20  # dead letters per sink and stream a task describes for the log
+
 
 @dataclass
 class StageContext:
     """What a task needs, shipped from the driver: the decoder (with the topic -> table map
-    learned so far), the committed positions per sink, the size limit per table and the
-    batch's ingest time."""
+    learned so far), the committed positions per sink, the size limit per table, the
+    batch's ingest time and the tables of the sinks known to the batch."""
 
     decoder: Decoder
     floors: Mapping[str, Mapping[str, int]]
     quota_of: Callable[[str], TierQuota | None]  # a table's tier quota (its event size limit)
     now: datetime
     expand: Callable[[pa.Table], pa.Table] | None = None  # the source's reader (`Source.expand`)
+    targets: Mapping[str, FileTarget] = field(default_factory=dict)  # the sinks' tables known to the batch
+    new_target: Callable[[str], FileTarget] | None = None  # a sink's table not created yet
 
 
 def _staged(sink: str, rows: pa.Table, floors: Mapping[str, int]) -> pa.Table:
@@ -107,19 +135,111 @@ def headers_from_json(text: pa.Array) -> pa.Array:
     )
 
 
-def decode_stage(ctx: StageContext, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` function: a task's raw record batches (`RAW_COLUMNS`, the headers as
-    JSON text), or what `ctx.expand` reads them from -> staged row batches."""
+def _records(ctx: StageContext, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
+    """A task's records (`RECORD_SCHEMA`) from its raw record batches (`RAW_COLUMNS`, the
+    headers as JSON text), or from each row of what `ctx.expand` reads them from."""
     for raw in batches:
-        if raw.num_rows:
-            table = pa.Table.from_batches([raw])
+        table = pa.Table.from_batches([raw])
+        for part in (table.slice(i, 1) for i in range(raw.num_rows)) if ctx.expand is not None else [table]:
             if ctx.expand is not None:
-                table = ctx.expand(table)
-            else:
-                i = table.schema.get_field_index("headers")
-                table = table.set_column(i, "headers", headers_from_json(table.column(i).combine_chunks()))
-            if table.num_rows:
-                yield from stage_records(ctx, table.cast(RECORD_SCHEMA)).to_batches()
+                part = ctx.expand(part)
+            elif part.num_rows:
+                i = part.schema.get_field_index("headers")
+                part = part.set_column(i, "headers", headers_from_json(part.column(i).combine_chunks()))
+            if part.num_rows:
+                yield part.cast(RECORD_SCHEMA)
+
+
+def write_stage(ctx: StageContext, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The `mapInArrow` function: a task's raw record batches -> its fresh rows written as data
+    files of their sinks' tables (one per sink and stream, batch by batch: a task holds one
+    batch of records at a time), and one summary row per sink and stream (`WRITTEN_SCHEMA`)."""
+    parts: dict[tuple[str, str, int], _Part] = {}
+    for records in _records(ctx, batches):
+        staged = stage_records(ctx, records)
+        for key, group in _groups(staged):
+            if key not in parts:
+                parts[key] = _Part(ctx, *key)
+            parts[key].add(group)
+    if parts:
+        yield pa.RecordBatch.from_pylist([p.close() for p in parts.values()], schema=WRITTEN_SCHEMA)
+
+
+def _groups(staged: pa.Table) -> Iterator[tuple[tuple[str, str, int], pa.Table]]:
+    """The staged rows of each sink and stream, in log order."""
+    keys = staged.select(["sink", "topic", "partition"]).group_by(["sink", "topic", "partition"]).aggregate([])
+    for sink, topic, partition in zip(*(keys[n].to_pylist() for n in keys.column_names)):
+        if keys.num_rows == 1:
+            yield (sink, topic, partition), staged
+            return
+        mask = pc.and_(
+            pc.and_(pc.equal(staged["sink"], sink), pc.equal(staged["topic"], topic)),
+            pc.equal(staged["partition"], partition),
+        )
+        yield (sink, topic, partition), staged.filter(mask)
+
+
+class _Part:
+    """One sink and stream of a task: its running summary, its fresh rows written as one data
+    file of the sink's table (none if its table is not known to the batch)."""
+
+    def __init__(self, ctx: StageContext, sink: str, topic: str, partition: int):
+        self.sink, self.topic, self.partition = sink, topic, partition
+        self.n = self.fresh_n = self.bytes = 0
+        self.first: int | None = None
+        self.last: tuple[int, str] | None = None
+        self.routed = False
+        self.letters = sink.endswith(DEAD_LETTERS_SUFFIX)
+        self.reasons: dict[str, int] = {}
+        self.examples: list[list] = []
+        target = ctx.targets.get(sink) or (ctx.new_target(sink) if ctx.new_target else None)
+        self.writer = DataFileWriter(target) if target is not None else None
+        self.layout = DEAD_LETTER_SCHEMA if self.letters else LOG_SCHEMA
+
+    def add(self, group: pa.Table) -> None:
+        fresh = group["fresh"].combine_chunks()
+        rows = group.filter(fresh) if fresh.false_count else group
+        seqs = group["sequence_number"]
+        last = pc.max(seqs)
+        last_at = (last.as_py(), group["offset"][pc.index(seqs, last).as_py()].as_py())
+        self.last = last_at if self.last is None else max(self.last, last_at)
+        self.n += group.num_rows
+        self.routed = self.routed or bool(
+            pc.any(pc.and_(pc.is_valid(group["op"]), pc.invert(group["tombstone"].fill_null(False)))).as_py()
+        )
+        if not rows.num_rows:
+            return
+        self.fresh_n += rows.num_rows
+        self.bytes += pc.sum(rows["payload_bytes"]).as_py() or 0
+        first = pc.min(rows["sequence_number"]).as_py()
+        self.first = first if self.first is None else min(self.first, first)
+        if self.letters:
+            reasons = rows.group_by("reason").aggregate([("reason", "count")])
+            for reason, n in zip(reasons["reason"].to_pylist(), reasons["reason_count"].to_pylist()):
+                self.reasons[reason] = self.reasons.get(reason, 0) + n
+            head = rows.slice(0, EXAMPLES - len(self.examples))
+            self.examples += [list(r) for r in zip(*(head[c].to_pylist() for c in ("offset", "reason", "detail")))]
+        if self.writer is not None:
+            columns = [rows["raw_key" if self.letters and n == "key" else n] for n in self.layout.names]
+            self.writer.write(pa.Table.from_arrays(columns, schema=self.layout))
+
+    def close(self) -> dict:
+        assert self.last is not None
+        return {
+            "sink": self.sink,
+            "topic": self.topic,
+            "partition": self.partition,
+            "n": self.n,
+            "fresh_n": self.fresh_n,
+            "bytes": self.bytes,
+            "first": self.first,
+            "last": self.last[0],
+            "last_offset": self.last[1],
+            "routed": self.routed,
+            "files": self.writer.close() if self.writer is not None else None,
+            "reasons": orjson.dumps(self.reasons).decode() if self.reasons else None,
+            "examples": orjson.dumps(self.examples).decode() if self.examples else None,
+        }
 
 
 class Quotas:
@@ -142,4 +262,4 @@ class Quotas:
         return self._known[table]
 
 
-__all__ = ["STAGED_SCHEMA", "StageContext", "decode_stage", "Quotas", "stage_records"]
+__all__ = ["STAGED_SCHEMA", "WRITTEN_SCHEMA", "StageContext", "Quotas", "stage_records", "write_stage"]

@@ -81,7 +81,9 @@ def starting_text(start: str | int | datetime) -> str:
 
 class _SourceBase(_Section):
     batch_size: int = Field(
-        200_000, gt=0, description="at most this many records per ingest batch (a Spark job, a commit per table)"
+        1_000_000,
+        gt=0,
+        description="at most this many records per ingest batch (a Spark job, a commit per table)",
     )
     key_format: Literal["json", "text"] | None = Field(
         None,

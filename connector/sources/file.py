@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -156,6 +157,10 @@ def _cut(block: bytes, max_lines: int) -> list[bytes]:
     return out
 
 
+def _newlines(data: bytes) -> int:
+    return int(np.count_nonzero(np.frombuffer(data, np.uint8) == 10))
+
+
 def plan_ranges(path: Path, max_lines: int | None = None, target_bytes: int = RANGE_BYTES) -> list[FileRange]:
     """The file cut at line ends into ranges of about `target_bytes` and at most `max_lines`
     lines (one pass, one block in memory)."""
@@ -168,9 +173,9 @@ def plan_ranges(path: Path, max_lines: int | None = None, target_bytes: int = RA
                 return out
             if not block.endswith(b"\n"):
                 block += f.readline()
-            pieces = [block] if max_lines is None or block.count(b"\n") <= max_lines else _cut(block, max_lines)
+            pieces = [block] if max_lines is None or _newlines(block) <= max_lines else _cut(block, max_lines)
             for piece in pieces:
-                n = piece.count(b"\n") + (not piece.endswith(b"\n"))
+                n = _newlines(piece) + (not piece.endswith(b"\n"))
                 out.append(FileRange(str(path), start, start + len(piece), line, n))
                 start, line = start + len(piece), line + n
 
@@ -210,15 +215,20 @@ def own_topic(path: Path) -> str:
     return f"cdclake.file.{path.stem}"
 
 
+def _objects_or_blank(data: bytes) -> bool:
+    """Every line of `data` starts with `{` or is empty."""
+    a = np.frombuffer(data, np.uint8)
+    starts = np.flatnonzero(a[:-1] == 10) + 1
+    return bool(a[0] in b"{\n" and np.all((a[starts] == 123) | (a[starts] == 10)))
+
+
 def _plain(data: bytes, default_topic: str | None) -> pa.Table | None:
     """Lines of the plain kcat -J shape as records (`RECORD_SCHEMA`), or None if any line is not."""
     from connector.batch import RECORD_SCHEMA
 
-    if not data.strip():
+    if not data or data.isspace():
         return RECORD_SCHEMA.empty_table()
-    lines = data.count(b"\n") + (not data.endswith(b"\n"))
-    blank = data.count(b"\n\n") + data.startswith(b"\n")  # never more than there are
-    if data.startswith(b"{") + data.count(b"\n{") != lines - blank:
+    if not _objects_or_blank(data):
         return None  # a line that is not an object (Arrow's reader crashes on a bare `null`)
     try:
         raw = pj.read_json(

@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--width", type=int, default=100, help="payload padding in bytes")
     ap.add_argument("--batch", type=int, default=100_000, help="micro-batch size of the baselines")
-    ap.add_argument("--ingest-batch", type=int, default=200_000, help="records per ingest commit of this pipeline")
+    ap.add_argument("--ingest-batch", type=int, default=1_000_000, help="records per ingest commit of this pipeline")
     ap.add_argument("--upsert-max", type=int, default=1_000_000, help="skip pyiceberg upsert above this N")
     ap.add_argument("--scaling", action="store_true", help="N = 1M, 5M (and 10M with --big) x K = 10k, 1M")
     ap.add_argument("--big", action="store_true", help="include the 10M runs")

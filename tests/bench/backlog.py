@@ -1,6 +1,6 @@
 """A Kafka backlog drained by `cdclake ingest`: driver memory against the backlog's size.
 
-    python -m tests.bench.backlog --events 2000000 20000000 [--batch 200000]
+    python -m tests.bench.backlog --events 2000000 20000000 [--batch 1000000]
 
 For each N: a real local broker (infra/kafka_broker.py) holds N generated Debezium events
 on 4 partitions (produced untimed), then `cdclake ingest` runs in a process of its own from
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(prog="python -m tests.bench.backlog", description=__doc__)
     ap.add_argument("--events", type=int, nargs="+", default=[2_000_000, 20_000_000])
     ap.add_argument("--keys", type=int, default=1_000_000)
-    ap.add_argument("--batch", type=int, default=200_000, help="source.batch_size")
+    ap.add_argument("--batch", type=int, default=1_000_000, help="source.batch_size")
     ap.add_argument("--out", type=Path, default=Path("bench-results/backlog"))
     args = ap.parse_args(argv)
     root = args.out.resolve()
