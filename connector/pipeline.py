@@ -8,7 +8,9 @@ comes back to the driver (counts, bytes, first and last position, the files), th
 decides on it, and each table's admitted files are committed with the batch's end positions
 in the same snapshot (files of a refused stream are removed). The driver holds one batch's
 summaries, never its records; no record crosses back to the JVM. A table met for the first
-time is created before the batch is staged again with it.
+time gets its files as the table it will be when created at the catalog's default location
+with its layout; the driver creates it before committing (and stages the batch again
+should another process have made it otherwise).
 
 Exactly-once: each log and dead-letter table records, in the commit that adds its rows,
 the next position per stream it has accounted for. A run resumes every stream at the

@@ -117,9 +117,12 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
                 ).source,
             }
         )
-        systems.drop_namespace(from_kafka)
-        _, fig["kafka_ingest_s"] = timed(systems.ours_ingest, from_kafka)
-        assert systems.log_rows(from_kafka) == n, "the log from Kafka does not hold every event once"
+        kafka_runs = []
+        for _ in range(args.repeat if n <= args.repeat_max else 1):  # as many runs as the file's ingest
+            systems.drop_namespace(from_kafka)
+            kafka_runs.append(timed(systems.ours_ingest, from_kafka)[1])
+            assert systems.log_rows(from_kafka) == n, "the log from Kafka does not hold every event once"
+        fig["kafka_ingest_runs_s"], fig["kafka_ingest_s"] = kafka_runs, statistics.median_high(kafka_runs)
         systems.ours_compact(from_kafka)
         assert systems.live(from_kafka, "items", "_key") == expected, "the tables from Kafka disagree with the model"
 
@@ -252,12 +255,17 @@ def report(figs: list[dict]) -> None:
                 f"{statistics.mean(rounds[-tenth:]):.2f} s (mean), max {max(rounds):.2f} s"
             )
     for f in figs:
+        # the DuckDB floor is reported, not a target: the pipeline's only engine is Spark
         checks = [("naive MERGE per micro-batch >= 2x slower", f["naive_merge_s"] / f["ours_s"] >= 2)]
-        if f.get("pyiceberg_upsert_s"):
-            checks.append(("pyiceberg upsert >= 20x slower", f["pyiceberg_upsert_s"] / f["ours_s"] >= 20))
-        checks.append(("compaction within 4x of the DuckDB floor", f["ours_compact_s"] <= 4 * f["duckdb_floor_s"]))
+        if f.get("pyiceberg_upsert_s") and f["keys"] >= 1_000_000:
+            checks.append(("pyiceberg upsert >= 10x slower", f["pyiceberg_upsert_s"] / f["ours_s"] >= 10))
+        checks.append(("ingest from the file >= 185k events/s", f["events"] / f["ours_ingest_s"] >= 185_000))
+        if f.get("kafka_ingest_s"):
+            checks.append(
+                ("ingest from Kafka within 1.5x of the file's", f["kafka_ingest_s"] <= 1.5 * f["ours_ingest_s"])
+            )
         if f["events"] >= 10_000_000 and f["keys"] >= 1_000_000:
-            checks.append(("10M events / 1M keys end to end < 120 s", f["ours_s"] < 120))
+            checks.append(("10M events / 1M keys end to end < 60 s", f["ours_s"] < 60))
         for name, ok in checks:
             console.print(
                 f"N={f['events']:,} K={f['keys']:,}: target {name}: "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 TOPIC = "bench.public.items"
@@ -14,6 +15,9 @@ TOPIC = "bench.public.items"
 def generate(
     path: Path, events: int, keys: int, partitions: int = 4, width: int = 100, seed: int = 1, lsn0: int = 1000
 ) -> int:
+    # enqueued one millisecond apart, the last an hour ago: inside the log retention, as a live
+    # stream is (a replay of an old dump would be trimmed at its first compaction)
+    ts0 = int(time.time() * 1000) - 3_600_000 - events
     rng = random.Random(seed)
     alive: set[int] = set()
     offsets = [0] * partitions
@@ -50,7 +54,7 @@ def generate(
                             "topic": TOPIC,
                             "partition": p,
                             "offset": offsets[p],
-                            "ts": 1_700_000_000_000 + written,
+                            "ts": ts0 + written,
                             "key": key,
                             "payload": payload,
                         }
