@@ -1,7 +1,7 @@
 """Appends to the log and dead-letter tables, with source positions in the same commit.
 
-Rows are written as Parquet data files where they are (on Spark's executors, by
-`write_data_files` with a `FileTarget` shipped from the driver) and committed by the driver
+Rows are written as Parquet data files where they are (on Spark's executors, by a
+`DataFileWriter` with a `FileTarget` shipped from the driver) and committed by the driver
 (`commit_data_files`): no row crosses back to the JVM or to the driver.
 
 The snapshot summary key `cdclake.positions` holds, as JSON, the next sequence number to
@@ -160,17 +160,15 @@ class DataFileWriter:
         return pickle.dumps([data_file])
 
 
-def commit_data_files(
-    table: Table, written: Iterable[bytes], props: Mapping[str, str], branch: str, crash_tag: str = "ingest"
-) -> None:
-    """One snapshot of `branch` that adds the data files `write_data_files` described, with
+def commit_data_files(table: Table, written: Iterable[bytes], props: Mapping[str, str], branch: str) -> None:
+    """One snapshot of `branch` that adds the data files `DataFileWriter`s described, with
     `props` in its summary."""
     with table.transaction() as tx:
         with tx.update_snapshot(snapshot_properties=dict(props), branch=branch).fast_append() as append:
             for blob in written:
                 for f in pickle.loads(blob):
                     append.append_data_file(f)
-        crash_point(f"{crash_tag}.before-commit")  # data files written, nothing committed
+        crash_point("ingest.before-commit")  # data files written, nothing committed
 
 
 def delete_data_files(io: FileIO, written: Iterable[bytes]) -> None:
