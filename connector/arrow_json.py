@@ -4,6 +4,9 @@ their canonical text (`connector.debezium._key_text`) without a Python object pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -150,7 +153,7 @@ def key_texts(keys: pa.Array, key_format: KeyFormat = "json") -> pa.Array:
     return texts
 
 
-def mapped(values: pa.Array, fn) -> pa.Array:
+def mapped(values: pa.Array, fn: Callable[[Any], str | None]) -> pa.Array:
     """`fn` applied once per distinct value (None for nulls) -> a string array, row for row."""
     distinct = pc.unique(values)
     images = pa.array([None if v is None else fn(v) for v in distinct.to_pylist()], pa.string())

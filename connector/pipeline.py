@@ -45,6 +45,7 @@ from quotas.errors import QuotaExceededError
 from quotas.metrics import DEAD_LETTERS, EVENTS, REFUSALS
 
 if TYPE_CHECKING:
+    from quotas.admit import Refusal
     from quotas.ledger import QuotaGate
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,9 @@ def _unwrap(e: Exception) -> Exception:
     return e
 
 
-def _batch(frame: Any, expand: Callable | None, run: _Run) -> tuple[list, dict[str, tuple[int, str]]]:
+def _batch(
+    frame: Any, expand: Callable[[Any], Any] | None, run: _Run
+) -> tuple[list[Refusal], dict[str, tuple[int, str]]]:
     """One batch through Spark: stage (decode and write data files), admit, commit per table.
     Returns the quota refusals and, per stream, the last record's sequence number and offset."""
     from pyspark.sql import functions as F
@@ -221,7 +224,7 @@ def _batch(frame: Any, expand: Callable | None, run: _Run) -> tuple[list, dict[s
     return out
 
 
-def _merge(rows: list) -> dict[tuple[str, str], dict[str, Any]]:
+def _merge(rows: list[Any]) -> dict[tuple[str, str], dict[str, Any]]:
     """The tasks' summaries (`WRITTEN_SCHEMA` rows) per sink and stream (a stream that several
     tasks read, a file's, summed up)."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
@@ -265,7 +268,7 @@ def _discard(sinks: Sinks, groups: Iterable[Mapping[str, Any]]) -> None:
 
 def _commit_staged(
     groups: Mapping[tuple[str, str], Mapping[str, Any]], run: _Run, floors: Mapping[str, Mapping[str, int]]
-) -> tuple[list, dict]:
+) -> tuple[list[Refusal], dict[str, tuple[int, str]]]:
     job, sinks, stats, gate = run.job, run.sinks, run.stats, run.job.gate
     last: dict[str, tuple[int, str]] = {}
     per_sink: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
@@ -283,7 +286,7 @@ def _commit_staged(
     for sink in sorted(per_sink):
         if sinks.positions[sink] != floors.get(sink, {}):  # the stage judged `fresh` by `floors`
             sinks.conflict(sink)
-    refusals: list = []
+    refusals: list[Refusal] = []
     for sink, streams in sorted(per_sink.items()):
         table = sink[: -len(LOG_SUFFIX)] if sink.endswith(LOG_SUFFIX) else sink[: -len(DEAD_LETTERS_SUFFIX)]
         stats.duplicates += sum(g["n"] - g["fresh_n"] for g in streams.values())

@@ -104,7 +104,7 @@ class Sinks:
 
     def location(self, name: str) -> str:
         """Where the catalog puts table `name` of the namespace."""
-        return self.catalog._resolve_table_location(None, self.namespace, name)  # type: ignore[attr-defined]
+        return str(self.catalog._resolve_table_location(None, self.namespace, name))  # type: ignore[attr-defined]
 
     def new_target(self) -> Callable[[str], FileTarget]:
         """What a Spark task needs to write data files of a table not created yet (by name)."""

@@ -19,7 +19,7 @@ import base64
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
@@ -191,7 +191,7 @@ class _Part:
         self.routed = False
         self.letters = sink.endswith(DEAD_LETTERS_SUFFIX)
         self.reasons: dict[str, int] = {}
-        self.examples: list[list] = []
+        self.examples: list[list[Any]] = []
         target = ctx.targets.get(sink) or (ctx.new_target(sink) if ctx.new_target else None)
         self.writer = DataFileWriter(target) if target is not None else None
         self.layout = DEAD_LETTER_SCHEMA if self.letters else LOG_SCHEMA
@@ -223,7 +223,7 @@ class _Part:
             columns = [rows["raw_key" if self.letters and n == "key" else n] for n in self.layout.names]
             self.writer.write(pa.Table.from_arrays(columns, schema=self.layout))
 
-    def close(self) -> dict:
+    def close(self) -> dict[str, Any]:
         assert self.last is not None
         return {
             "sink": self.sink,

@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, and_, delete, insert, select, update
@@ -75,7 +76,7 @@ class Lease:
     ttl: float
     what: str = ""
 
-    def _key(self):
+    def _key(self) -> Any:
         return and_(
             LEASES.c.catalog_name == self.catalog.name, LEASES.c.table_name == self.table, LEASES.c.role == self.role
         )

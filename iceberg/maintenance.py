@@ -92,7 +92,10 @@ def shape_of(table: Table) -> TableShape:
     if snapshot is None or snapshot.summary is None:
         return TableShape()
     p = snapshot.summary.additional_properties
-    number = lambda k: int(p.get(k, 0))  # noqa: E731
+
+    def number(k: str) -> int:
+        return int(p.get(k, 0))
+
     return TableShape(
         number("total-data-files"),
         number("total-delete-files"),

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -101,7 +102,7 @@ def read_arrow(spark: SparkSession, catalog: Catalog, names: TableNames, **where
     return compacted_log(spark, catalog, names, **where).toArrow()
 
 
-def as_json(row: dict) -> dict:
+def as_json(row: dict[str, Any]) -> dict[str, Any]:
     """A row as a JSON object: times in ISO 8601, the value as text where it is UTF-8, else
     in base64 as `value_base64` (nothing of the original bytes is lost either way)."""
     out = {k: v for k, v in row.items() if k != "value"}
@@ -117,7 +118,7 @@ def as_json(row: dict) -> dict:
     return out
 
 
-def rows(frame: DataFrame) -> Iterator[dict]:
+def rows(frame: DataFrame) -> Iterator[dict[str, Any]]:
     """The frame's rows in order, a partition of the result at a time (not all held at once)."""
     for row in frame.toLocalIterator(prefetchPartitions=True):
         yield row.asDict()

@@ -106,7 +106,7 @@ def _launch_jvm_quietly(settings: Settings) -> None:
         conf.setMaster(settings.spark.master)
     conf.setAll(list(spark_conf(settings).items()))
     with open(path, "ab") as out:  # the JVM keeps its own descriptor
-        gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})  # type: ignore[no-untyped-call]
     SparkContext._ensure_initialized(gateway=gateway)
 
 

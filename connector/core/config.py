@@ -13,7 +13,7 @@ import re
 import tomllib
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -245,7 +245,7 @@ class EventHubsSourceConfig(_SourceBase):
 
 def _source_type(value: Any) -> str:
     """The source's `type`; `file` when not given (`CDCLAKE_SOURCE__PATH=dump.jsonl` alone)."""
-    return value.get("type", "file") if isinstance(value, dict) else getattr(value, "type", "file")
+    return cast(str, value.get("type", "file") if isinstance(value, dict) else getattr(value, "type", "file"))
 
 
 # One of the four, by `type`: a key that does not apply to the chosen source is an error naming it.

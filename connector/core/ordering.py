@@ -71,7 +71,7 @@ class Truncate:
     snapshot: bool = False
     source_ts_ms: int | None = None
 
-    def newness(self, ordering: Ordering) -> tuple:
+    def newness(self, ordering: Ordering) -> tuple[Any, ...]:
         """Sort key among truncates: the greatest is the table's marker."""
         if ordering == "log":
             return (self.enqueued_us, self.partition, self.sequence_number)

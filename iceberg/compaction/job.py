@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import reduce
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import BooleanExpression, LessThanOrEqual
@@ -80,7 +81,7 @@ class CompactionReport:
     maintenance: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         d = asdict(self)
         d["ranges"] = {r.stream: [r.start, r.end] for r in self.ranges}
         return d

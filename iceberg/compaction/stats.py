@@ -159,7 +159,7 @@ class _Dirty:
     max_seq: int | None = None
     cleanable_bytes: int = 0
     cleanable_events: int = 0
-    bounds: dict | None = None
+    bounds: dict[str, Any] | None = None
     truncates: int = 0
     segments: list[Segment | None] = field(default_factory=list)
 
@@ -174,8 +174,8 @@ class Segment:
     seq_min: int
     seq_max: int
     ordered: bool  # each change no older than the one before it, within the segment
-    first: tuple | None  # the first positioned change's (position..., rank)
-    last: tuple | None  # the last change's, position carried
+    first: tuple[Any, ...] | None  # the first positioned change's (position..., rank)
+    last: tuple[Any, ...] | None  # the last change's, position carried
     lead: tuple[int, int] | None  # (first, last) rank of the leading position-less changes
 
 
@@ -246,7 +246,7 @@ def in_order(segments: Sequence[Segment | None]) -> bool:
     known = [s for s in segments if s is not None]
     if len(known) < len(segments):
         return False
-    carry: tuple | None = None
+    carry: tuple[Any, ...] | None = None
     high = None
     for s in sorted(known, key=lambda s: s.seq_min):
         if not s.ordered or (high is not None and s.seq_min <= high):
@@ -376,7 +376,7 @@ def _add(d: _Dirty, mine: pa.Table, end: int | None, policy: CompactionPolicy | 
             )
 
 
-def _bounds(rows: pa.Table, policy: CompactionPolicy) -> dict:
+def _bounds(rows: pa.Table, policy: CompactionPolicy) -> dict[str, Any]:
     from iceberg.compaction.dedupe import arrow_bounds  # Spark's module: only the job asks for bounds
 
     truncate = pc.equal(rows["op"], "t").fill_null(False)

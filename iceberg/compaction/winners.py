@@ -5,6 +5,7 @@ route (the window), and the winners' after-images read back from the log."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
@@ -67,7 +68,9 @@ def _first(frame: DataFrame) -> Row:
     return row
 
 
-def frame_bounds(frame: DataFrame, position: Column, partition: Column, seq: Column, ordering: Ordering) -> dict:
+def frame_bounds(
+    frame: DataFrame, position: Column, partition: Column, seq: Column, ordering: Ordering
+) -> dict[str, Any]:
     """The packing bounds of a frame of candidates (`dedupe.bounds_columns`)."""
     pos = position if ordering == "source" else F.lit(None).cast(dedupe.POSITION_TYPE)
     return _first(frame.agg(*dedupe.bounds_columns(pos, partition, seq))).asDict()
