@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog
 
@@ -20,6 +21,11 @@ from iceberg.compaction.stats import load_optional, log_start, quota_usage, stre
 from iceberg.layouts import TableNames, source_tables
 from iceberg.maintenance import MaintenancePolicy
 from quotas.ledger import QuotaGate, table_quota, validate
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+    from iceberg.compaction.job import CompactionReport
 
 
 def policy_of(settings: Settings) -> CompactionPolicy:
@@ -81,7 +87,7 @@ def run_ingest(
     catalog = load_catalog(settings)
     validate_tables(settings, catalog)
     ns, label = settings.catalog.namespace, settings.source.label()
-    lease = leases.acquire(catalog, f"{ns} <- {label}", "ingest", wait, what=f"tables {ns}.* from {label}")  # type: ignore[arg-type]
+    lease = leases.acquire(catalog, f"{ns} <- {label}", "ingest", wait, what=f"tables {ns}.* from {label}")
     try:
         return _ingest(settings, catalog, lease, on_batch, max_records)
     finally:
@@ -136,7 +142,7 @@ def run_compaction(
     now: datetime | None = None,
     on_table: Callable[[str], None] | None = None,
     wait: float = 0.0,
-) -> list:
+) -> list[CompactionReport]:
     from iceberg.compaction.job import compact
     from iceberg.spark import get_spark
 
@@ -176,7 +182,7 @@ class StreamStatus:
         return self.clean_bytes + self.dirty_bytes
 
 
-def _count_by_stream(table) -> dict[str, int]:
+def _count_by_stream(table: Table | None) -> dict[str, int]:
     if table is None:
         return {}
     rows = table.scan(selected_fields=("_topic", "_partition_id")).to_arrow()

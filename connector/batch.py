@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -48,7 +49,7 @@ FAST_OPS = pa.array(["c", "u", "d", "r"])
 _SCALARS = (pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.null())
 
 
-def _headers(r: SourceRecord) -> list[dict] | None:
+def _headers(r: SourceRecord) -> list[dict[str, Any]] | None:
     return [{"key": k, "value": v} for k, v in r.headers] if r.headers else None
 
 
@@ -89,7 +90,7 @@ class RecordBatch:
         return cls(pa.Table.from_arrays(arrays, schema=RECORD_SCHEMA), records)
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return int(self.table.num_rows)
 
     @cached_property
     def nbytes(self) -> pa.Array:
@@ -116,7 +117,7 @@ def _first_header_is(headers: pa.Array, name: str) -> pa.Array:
     return pa.array([bool(hs) and hs[0]["key"] == name for hs in headers.to_pylist()], pa.bool_())
 
 
-def _header_pairs(headers: list[dict] | None) -> tuple[tuple[str, bytes | None], ...]:
+def _header_pairs(headers: list[dict[str, Any]] | None) -> tuple[tuple[str, bytes | None], ...]:
     return tuple((h["key"], h["value"]) for h in headers) if headers else ()
 
 
@@ -141,7 +142,7 @@ class Decoded:
     letters: dict[str, list[DeadLetter]] = field(default_factory=lambda: defaultdict(list))
 
 
-def _types_json(types: dict[str, str], memo: dict[int, tuple[dict, str]]) -> str:
+def _types_json(types: dict[str, str], memo: dict[int, tuple[dict[str, str], str]]) -> str:
     """Serialised once per types object (the decoder shares one per schema signature)."""
     hit = memo.get(id(types))
     if hit is None or hit[0] is not types:
@@ -149,7 +150,7 @@ def _types_json(types: dict[str, str], memo: dict[int, tuple[dict, str]]) -> str
     return hit[1]
 
 
-def _take(data: pa.Table | pa.Array | pa.ChunkedArray, idx: pa.Array):
+def _take(data: pa.Table | pa.Array | pa.ChunkedArray, idx: pa.Array) -> Any:
     """`data.take(idx)` for ascending `idx`; a slice, without copying, when the rows are
     consecutive (a chunk of one topic's records, usually)."""
     if len(idx) and idx[-1].as_py() - idx[0].as_py() == len(idx) - 1:
@@ -168,7 +169,7 @@ def _with_record_columns(batch: RecordBatch, idx: pa.Array, columns: dict[str, p
 
 
 def log_rows(events: list[ChangeEvent], now: datetime) -> pa.Table:
-    memo: dict[int, tuple[dict, str]] = {}
+    memo: dict[int, tuple[dict[str, str], str]] = {}
     return _with_record_columns(
         RecordBatch.of([e.record for e in events]),
         pa.array(range(len(events)), pa.int64()),

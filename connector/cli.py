@@ -16,22 +16,28 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from connector.core import failures
 from connector.core.config import Settings, load_settings
 from connector.core.errors import ConfigError, ConnectorError, SetupError
-from quotas.tiers import human_bytes
+from connector.report import console, print_compaction, print_ingest, print_query, print_quotas, print_status
+
+if TYPE_CHECKING:
+    from connector.pipeline import IngestStats
+    from iceberg.compaction.job import CompactionReport
+
+T = TypeVar("T")
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, rich_markup_mode="markdown", add_completion=False)
-console = Console()
 PROGRESS_EVERY_S = 10.0  # progress lines when the output is not a terminal (CI, log files)
 
 ConfigOpt = typer.Option(
@@ -48,7 +54,7 @@ WaitOpt = typer.Option(
 )
 
 
-def _settings(config: Path | None, **overrides) -> Settings:
+def _settings(config: Path | None, **overrides: Any) -> Settings:
     try:
         return load_settings(config, **overrides)
     except ConnectorError as e:
@@ -56,11 +62,7 @@ def _settings(config: Path | None, **overrides) -> Settings:
         raise typer.Exit(2) from None
 
 
-class QueryError(ConnectorError):
-    """A query Spark refused (syntax, unknown table or column)."""
-
-
-def _guard(fn):
+def _guard(fn: Callable[[], T]) -> T:
     """Turn ConnectorErrors and the environment's known faults (`core.failures`) into one
     clear line: exit code 2 for configuration and set-up errors (fix the configuration), 1
     for the rest. Anything else is a bug: its trace is shown."""
@@ -93,7 +95,7 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log every 
 
 def _do_ingest(
     settings: Settings, max_records: int | None = None, wait: float = 0.0, stop: threading.Event | None = None
-):
+) -> IngestStats:
     """`stop`: once set, the run ends after the batch it is committing (`service.Stopped`)."""
     from connector.app import run_ingest
 
@@ -103,7 +105,7 @@ def _do_ingest(
         task = progress.add_task("ingesting", total=None)
         started = last_line = time.monotonic()
 
-        def on_batch(stats):
+        def on_batch(stats: IngestStats) -> None:
             nonlocal last_line
             now = time.monotonic()
             line = (
@@ -121,60 +123,20 @@ def _do_ingest(
                 raise Stopped
 
         stats = run_ingest(settings, on_batch, max_records, wait)
-    table = _table(
-        "table",
-        "accepted",
-        "dead letters",
-        title=f"ingested {stats.records:,} records ({stats.duplicates:,} already held, skipped)",
-    )
-    for name in sorted(set(stats.accepted) | set(stats.dead_letters)):
-        table.add_row(name, f"{stats.accepted.get(name, 0):,}", f"{stats.dead_letters.get(name, 0):,}")
-    _show(table)
+    print_ingest(stats)
     return stats
 
 
 def _do_compact(
     settings: Settings, tables: list[str] | None, force: bool, now: datetime | None = None, wait: float = 0.0
-):
+) -> list[CompactionReport]:
     from connector.app import run_compaction
 
     with console.status("starting Spark") as st:
         reports = run_compaction(
             settings, tables, force, now, on_table=lambda t: st.update(f"compacting {t}"), wait=wait
         )
-    table = _table(
-        "table",
-        "streams",
-        "events",
-        "keys",
-        "upserts",
-        "deletes",
-        "stale",
-        "truncates",
-        "dead letters",
-        "purged",
-        "maintenance",
-        "seconds",
-        title="compaction",
-    )
-    for r in reports:
-        stale = "\n".join(f"{n:,} {reason}" for reason, n in sorted(r.stale_reasons.items())) or "0"
-        truncates = f"{r.truncates} ({r.truncated:,} keys)" if r.truncates else "0"
-        table.add_row(
-            r.table,
-            str(len(r.ranges)),
-            f"{r.events:,}",
-            f"{r.keys:,}",
-            f"{r.upserts:,}",
-            f"{r.deletes:,}",
-            stale,
-            truncates,
-            f"{r.refused:,}",
-            f"{r.purged:,}",
-            "\n".join(r.maintenance) or "-",
-            f"{r.seconds:.1f}",
-        )
-    _show(table)
+    print_compaction(reports)
     return reports
 
 
@@ -251,151 +213,6 @@ def run(
     console.print("stopped: the last batch and round are committed")
 
 
-class _Table(Table):
-    """A table that never cuts a word: a column is at least as wide as its longest word and
-    cells wrap between words; where that does not fit the console (a narrow terminal, a log),
-    `_show` prints each row as `column: value` lines instead."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.cells: list[list[str]] = []
-
-    def add_row(self, *cells, **kwargs) -> None:  # type: ignore[override]
-        super().add_row(*cells, **kwargs)
-        self.cells.append([str(c) for c in cells])
-        for column, cell in zip(self.columns, cells):
-            words = [len(w) for w in str(cell).split()] + [len(w) for w in str(column.header).split()]
-            column.min_width = max([column.min_width or 0, *words])
-
-
-def _show(table: Table) -> None:
-    if sum(c.min_width or 1 for c in table.columns) + 3 * len(table.columns) + 1 <= console.width:
-        console.print(table)
-        return
-    console.print(Text(str(table.title or "")), style="bold")
-    for row in table.cells if isinstance(table, _Table) else []:
-        for column, cell in zip(table.columns, row):
-            console.print(Text(f"  {column.header}: {cell}"), soft_wrap=True)
-        console.print()
-
-
-def _table(*columns: str, title: str) -> Table:
-    table = _Table(title=title)
-    for c in columns:
-        table.add_column(c, overflow="fold")
-    return table
-
-
-def _print_json(rows: list[dict]) -> None:
-    console.print_json(json.dumps(rows, default=str))
-
-
-def _print_status(settings: Settings, as_json: bool = False) -> None:
-    from dataclasses import asdict
-
-    from connector.app import status as get_status
-
-    rows = get_status(settings)
-    if as_json:
-        return _print_json([asdict(s) | {"usage_bytes": s.usage_bytes} for s in rows])
-    table = _table(
-        "table",
-        "stream",
-        "log from",
-        "cleaner point",
-        "dirty events",
-        "dirty bytes",
-        "clean bytes",
-        "dirty ratio",
-        "live rows",
-        "tombstones",
-        "usage / quota",
-        title="status",
-    )
-    for s in rows:
-        table.add_row(
-            s.table,
-            s.stream,
-            "-" if s.log_from is None else f"{s.log_from:,}",
-            f"{s.cleaner_point:,}",
-            f"{s.dirty_events:,}",
-            human_bytes(s.dirty_bytes),
-            human_bytes(s.clean_bytes),
-            f"{s.dirty_ratio:.2f}",
-            f"{s.live_rows:,}",
-            f"{s.tombstones:,}",
-            _usage(s.usage_bytes, s.quota_bytes, s.tier),
-        )
-    _show(table)
-
-
-def _usage(used: int, limit: int | None, tier: str) -> str:
-    if limit is None:
-        return f"{human_bytes(used)} ({tier}: no compacted quota)"
-    return f"{100 * used / limit:.4g}% of {human_bytes(limit)} ({tier})"
-
-
-def _print_quotas(settings: Settings, as_json: bool = False) -> None:
-    from dataclasses import asdict
-
-    from connector.app import status as get_status
-    from quotas.ledger import tiers
-
-    usage = get_status(settings)
-    if as_json:
-        return _print_json(
-            [
-                {
-                    "tiers": [asdict(q) for q in tiers(settings).values()],
-                    "usage": [
-                        {
-                            "table": s.table,
-                            "stream": s.stream,
-                            "tier": s.tier,
-                            "usage_bytes": s.usage_bytes,
-                            "quota_bytes": s.quota_bytes,
-                        }
-                        for s in usage
-                    ],
-                }
-            ]
-        )
-    table = _table(
-        "tier",
-        "compaction",
-        "compacted size / partition",
-        "max event",
-        "max partitions",
-        "max retention (days)",
-        "consumer groups",
-        title="tiers",
-    )
-    for q in tiers(settings).values():
-        table.add_row(
-            q.name,
-            "yes" if q.compaction_supported else "no",
-            human_bytes(q.compacted_bytes_per_partition) if q.compacted_bytes_per_partition else "-",
-            human_bytes(q.max_event_bytes),
-            str(q.max_partitions),
-            str(q.max_retention_days),
-            str(q.consumer_groups),
-        )
-    _show(table)
-    table = _table(
-        "table",
-        "stream",
-        "tier",
-        "usage",
-        "quota",
-        title="usage per partition (state + tombstones + dirty log, key + payload bytes)",
-    )
-    for s in usage:
-        table.add_row(
-            s.table, s.stream, s.tier, human_bytes(s.usage_bytes), _usage(s.usage_bytes, s.quota_bytes, s.tier)
-        )
-    _show(table)
-
-
 JsonOpt = typer.Option(False, "--json", help="print JSON for scripts instead of a table")
 
 
@@ -405,7 +222,7 @@ def status(config: Path | None = ConfigOpt, as_json: bool = JsonOpt) -> None:
 
     Example: `cdclake status -c lake.toml --json`"""
     settings = _settings(config)
-    _guard(lambda: _print_status(settings, as_json))
+    _guard(lambda: print_status(settings, as_json))
 
 
 @app.command()
@@ -414,7 +231,7 @@ def quotas(config: Path | None = ConfigOpt, as_json: bool = JsonOpt) -> None:
 
     Example: `cdclake quotas -c lake.toml`"""
     settings = _settings(config)
-    _guard(lambda: _print_quotas(settings, as_json))
+    _guard(lambda: print_quotas(settings, as_json))
 
 
 infra = typer.Typer(help="Definitions of the services the connector reads from, made from its configuration.")
@@ -444,22 +261,6 @@ def infra_eventhubs(
         console.print(f"wrote {out}")
 
 
-def _print_query(settings: Settings, sql: str, limit: int) -> None:
-    from pyspark.errors import PySparkException
-
-    from iceberg.spark import get_spark
-
-    try:
-        df = get_spark(settings).sql(sql)
-        rows = df.limit(limit).collect()
-    except PySparkException as e:  # Spark's own message, first line: no JVM stack trace
-        raise QueryError(f"query failed: {str(e).strip().splitlines()[0]}") from None
-    table = _table(*df.columns, title=sql)
-    for r in rows:
-        table.add_row(*["" if v is None else str(v) for v in r])
-    _show(table)
-
-
 @app.command()
 def query(
     sql: str = typer.Argument(..., help='Spark SQL, e.g. "SELECT * FROM cdc.customers"'),
@@ -470,7 +271,7 @@ def query(
 
     Example: `cdclake query "SELECT reason, count(*) FROM cdc.orders__stale GROUP BY reason"`"""
     settings = _settings(config)
-    _guard(lambda: _print_query(settings, sql, limit))
+    _guard(lambda: print_query(settings, sql, limit))
 
 
 @app.command()
@@ -573,13 +374,14 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
         [(total - LATE_EVENTS, "the stream"), (None, f"{LATE_EVENTS} late events older than what is held")], 1
     ):
         console.rule(f"[bold]round {step}: ingest {what}, then compact[/bold]")
-        _guard(lambda records=records: _do_ingest(settings, records))
+        _guard(partial(_do_ingest, settings, records))
         _guard(lambda: _do_compact(settings, None, force=True, now=datetime.now(UTC)))
     console.rule("[bold]tables[/bold]")
     ns = settings.catalog.namespace
     for t in ("customers", "orders", "products"):
         _guard(
-            lambda t=t: _print_query(
+            partial(
+                print_query,
                 settings,
                 f"SELECT * EXCEPT (_topic, _sequence_number, _enqueued_time, _source_ts, "
                 f"_payload_bytes, _snapshot) "
@@ -588,7 +390,7 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
             )
         )
     _guard(
-        lambda: _print_query(
+        lambda: print_query(
             settings,
             "SELECT 'customers' AS tbl, _key, _offset, _partition_id, expires_at FROM "
             f"{ns}.customers__tombstones UNION ALL SELECT 'orders', _key, _offset, "
@@ -597,13 +399,13 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
         )
     )
     _guard(
-        lambda: _print_query(
+        lambda: print_query(
             settings, f"SELECT topic, partition, offset, reason, detail FROM {ns}.products__dead_letters", 50
         )
     )
     console.rule("[bold]status[/bold]")
-    _guard(lambda: _print_status(settings))
-    _guard(lambda: _print_quotas(settings))
+    _guard(lambda: print_status(settings))
+    _guard(lambda: print_quotas(settings))
     console.print(f"demo finished in {time.monotonic() - started:.1f}s; catalog {settings.catalog_uri}")
     console.print(
         f"its configuration is {config}: try `cdclake status -c {config}`, `cdclake read customers -c {config}`, "

@@ -137,7 +137,7 @@ def _infer_type(v: Any) -> str | None:
     return "string"
 
 
-_SIGNATURES: dict[tuple, tuple[dict[str, str], bool]] = {}  # (columns, Python types) -> (types, nested)
+_SIGNATURES: dict[tuple[Any, ...], tuple[dict[str, str], bool]] = {}  # (columns, Python types) -> (types, nested)
 
 
 def _inferred(after: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -185,7 +185,7 @@ def _after_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         return None
     for f in schema.get("fields", []):
         if f.get("field") == "after":
-            return f
+            return dict(f)
     return None
 
 

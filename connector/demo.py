@@ -18,10 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+Row = dict[str, Any]  # a Debezium envelope or an image of a row
+
 T0 = 1_763_700_000_000  # ms
 
 
-def _pg(op: str, before: dict | None, after: dict | None, lsn: int, ts: int, snapshot: str = "false") -> dict:
+def _pg(op: str, before: Row | None, after: Row | None, lsn: int, ts: int, snapshot: str = "false") -> Row:
     return {
         "before": before,
         "after": after,
@@ -83,11 +85,11 @@ _ORDER_SCHEMA = {
 }
 
 
-def _order(n: int, day: int, who: int, total: str, status: str) -> dict:
+def _order(n: int, day: int, who: int, total: str, status: str) -> Row:
     return {"order_number": n, "order_date": day, "purchaser": who, "total": _decimal(total, 2), "status": status}
 
 
-def _my(op: str, before: dict | None, after: dict | None, pos: int, ts: int, snapshot: str = "false") -> dict:
+def _my(op: str, before: Row | None, after: Row | None, pos: int, ts: int, snapshot: str = "false") -> Row:
     payload = {
         "before": before,
         "after": after,
@@ -115,7 +117,7 @@ def _my(op: str, before: dict | None, after: dict | None, pos: int, ts: int, sna
     return {"schema": _ORDER_SCHEMA, "payload": payload}
 
 
-def _ms(op: str, after: dict | None, before: dict | None, lsn: str, serial: int, ts: int) -> dict:
+def _ms(op: str, after: Row | None, before: Row | None, lsn: str, serial: int, ts: int) -> Row:
     return {
         "before": before,
         "after": after,

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from connector.cli import _show, _table, console
 from connector.core.config import Settings
 from connector.core.errors import ConfigError
+from connector.report import console, show, table_of
+
+if TYPE_CHECKING:
+    from iceberg.verify import VerifyReport
 
 
 def print_read(
@@ -36,12 +40,12 @@ def print_read(
         for row in rows(frame):
             print(json.dumps(as_json(row), ensure_ascii=False))
         return
-    out = _table("partition", "offset", "sequence", "enqueued", "key", "value", title=f"compacted log of {table}")
+    out = table_of("partition", "offset", "sequence", "enqueued", "key", "value", title=f"compacted log of {table}")
     for row in rows(frame):
         j = as_json(row)
         out.add_row(str(j["partition"]), j["offset"], str(j["sequence_number"]), j["enqueued_time"], str(j["key"]),
                     "(tombstone)" if row["tombstone"] else str(j.get("value", j.get("value_base64"))))  # fmt: skip
-    _show(out)
+    show(out)
 
 
 def print_history(settings: Settings, table: str, key: str | None, write: bool, limit: int) -> None:
@@ -56,14 +60,14 @@ def print_history(settings: Settings, table: str, key: str | None, write: bool, 
         console.print(f"wrote {write_history(spark, names, ordering)}")
         return
     rows = history(spark, names, ordering, key).limit(limit).collect()
-    out = _table("key", "version", "op", "valid from", "valid to", "offset", "after", title=f"history of {table}")
+    out = table_of("key", "version", "op", "valid from", "valid to", "offset", "after", title=f"history of {table}")
     for r in rows:
         out.add_row(r["_key"], str(r["version"]), r["_op"], str(r["valid_from"]), str(r["valid_to"] or "-"),
                     f"{r['_partition_id']}:{r['_offset']}", r["after"] or "-")  # fmt: skip
-    _show(out)
+    show(out)
 
 
-def verify_or_rebuild(settings: Settings, table: str, rebuild: bool = False, wait: float = 0.0):
+def verify_or_rebuild(settings: Settings, table: str, rebuild: bool = False, wait: float = 0.0) -> VerifyReport:
     from connector.app import policy_of, table_names
     from iceberg import verify as v
     from iceberg.catalog import load_catalog
@@ -83,10 +87,10 @@ def verify_or_rebuild(settings: Settings, table: str, rebuild: bool = False, wai
     console.print(f"{names.state}: {done} from the log's {report.events:,} events ({ranges or 'none'})")
     if rebuild:
         return report
-    out = _table("table", *v.KINDS, title="differences" if not report.ok else "no differences")
+    out = table_of("table", *v.KINDS, title="differences" if not report.ok else "no differences")
     for kind, counts in report.counts.items():
         samples = report.samples.get(kind, {})
         cells = [f"{counts[k]:,}" + ("".join(f"\n{key}" for key in samples.get(k, []))) for k in v.KINDS]
         out.add_row(kind, *cells)
-    _show(out)
+    show(out)
     return report

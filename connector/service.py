@@ -47,7 +47,7 @@ def retryable(e: BaseException) -> bool:
 
 def backoff(every: float, failed: int) -> float:
     """Seconds to wait after the `failed`-th failure in a row: `every` doubled, bounded."""
-    return min(MAX_BACKOFF_S, max(every, MIN_BACKOFF_S) * 2 ** (failed - 1))
+    return min(MAX_BACKOFF_S, max(every, MIN_BACKOFF_S) * 2.0 ** (failed - 1))
 
 
 def serve(port: int, host: str, ready: threading.Event) -> None:

@@ -16,7 +16,7 @@ import importlib
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -83,7 +83,7 @@ class SdkPartitionReader:
     def __init__(self, connection_string: str, event_hub: str, consumer_group: str = "$Default", **client: Any):
         from azure.eventhub import EventHubConsumerClient
 
-        self._client = lambda: EventHubConsumerClient.from_connection_string(
+        self._client: Callable[[], Any] = lambda: EventHubConsumerClient.from_connection_string(
             connection_string, consumer_group=consumer_group, eventhub_name=event_hub, **client
         )
         self._meta = self._client()
@@ -119,9 +119,10 @@ class SdkPartitionReader:
         return self._receive(partition_id, from_sequence_number, max_events)
 
     def _receive(self, partition_id: str, start: int | datetime, max_events: int) -> Sequence[Any]:
-        client, got, done = self._client(), [], threading.Event()
+        client, done = self._client(), threading.Event()
+        got: list[Any] = []
 
-        def on_batch(_ctx, events):
+        def on_batch(_ctx: Any, events: list[Any]) -> None:
             got.extend(events)
             done.set()
 
@@ -152,7 +153,8 @@ def _endpoint(connection_string: str) -> str:
 def load_reader(spec: str, options: Mapping[str, str]) -> PartitionReader:
     """`module:factory` -> factory(options); the default builds an SdkPartitionReader."""
     module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)(options)
+    reader: PartitionReader = getattr(importlib.import_module(module), name)(options)
+    return reader
 
 
 def sdk_reader(options: Mapping[str, str]) -> PartitionReader:
@@ -248,12 +250,12 @@ except ImportError:  # pragma: no cover - pyspark < 4
     DataSource = DataSourceReader = InputPartition = object  # type: ignore[misc,assignment]
 
 
-class EventHubsPartition(InputPartition):  # type: ignore[misc]
+class EventHubsPartition(InputPartition):
     def __init__(self, pid: str, start: int, end: int):
         self.pid, self.start, self.end = pid, start, end
 
 
-class EventHubsRangeReader(DataSourceReader):  # type: ignore[misc]
+class EventHubsRangeReader(DataSourceReader):
     """Reads `ranges` ({partition id: [first, end) sequence numbers}) with the configured reader."""
 
     def __init__(self, options: Mapping[str, str]):
@@ -261,7 +263,7 @@ class EventHubsRangeReader(DataSourceReader):  # type: ignore[misc]
         self.event_hub = self.options["event_hub"]
         self.ranges = json.loads(self.options["ranges"])
 
-    def partitions(self) -> list:
+    def partitions(self) -> list[EventHubsPartition]:
         return [EventHubsPartition(pid, start, end) for pid, (start, end) in sorted(self.ranges.items())]
 
     def read(self, partition: EventHubsPartition) -> Iterator[Any]:  # type: ignore[override]  # Spark passes ours
@@ -282,7 +284,7 @@ class EventHubsRangeReader(DataSourceReader):  # type: ignore[misc]
             yield from RecordBatch.of(records).table.to_batches()
 
 
-class EventHubsDataSource(DataSource):  # type: ignore[misc]
+class EventHubsDataSource(DataSource):
     """`spark.read.format("cdclake-eventhubs").option("ranges", ...)`: records of those ranges."""
 
     @classmethod

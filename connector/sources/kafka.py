@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -30,10 +30,11 @@ if TYPE_CHECKING:
     _KafkaConfig = KafkaSourceConfig | EventHubsKafkaSourceConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 METADATA_REFRESH_SECONDS = 10.0
 
 
-def retrying(call, timeout: float, what: str):
+def retrying(call: Callable[[], T], timeout: float, what: str) -> T:
     """`call()`, retried with backoff while Kafka answers with a retriable error (a restarted
     broker has no partition leaders for a moment); a clear SourceError after `timeout`."""
     deadline, delay = time.monotonic() + timeout, 0.2
@@ -98,7 +99,7 @@ class KafkaOffsets:
         self._assigned: set[tuple[str, int]] = set()
         self._refreshed = 0.0
 
-    def _on_commit(self, err: KafkaError | None, partitions: list) -> None:
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None:
             MIRROR_FAILURES.labels("kafka").inc()
             log.warning("could not mirror positions to the consumer group at %s: %s", self.where, err.str())
@@ -132,13 +133,14 @@ class KafkaOffsets:
 
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         """The partition's first retained offset and its next offset."""
-        return retrying(
+        low, high = retrying(
             lambda: self.consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=self.unavailable_timeout
             ),
             self.unavailable_timeout,
             f"Kafka at {self.where}: offsets of {topic}:{partition}",
         )
+        return int(low), int(high)
 
     def _start(self, topic: str, partition: int) -> int:
         low, high = self.watermarks(topic, partition)

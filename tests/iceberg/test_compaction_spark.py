@@ -330,10 +330,10 @@ def test_maintenance_bounds_files_and_snapshots_and_keeps_the_cleaner_points(spa
     "sql,says", [("SELEC 1", "PARSE_SYNTAX_ERROR"), ("SELECT * FROM nowhere.nothing", "TABLE_OR_VIEW_NOT_FOUND")]
 )
 def test_a_query_spark_refuses_is_one_line_with_sparks_message(spark, settings, sql, says):
-    from connector.cli import QueryError, _print_query
+    from connector.report import QueryError, print_query
 
     with pytest.raises(QueryError) as e:
-        _print_query(settings, sql, 5)
+        print_query(settings, sql, 5)
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
