@@ -25,7 +25,7 @@ from quotas.ledger import QuotaGate, table_quota, validate
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-    from iceberg.compaction.job import CompactionReport
+    from iceberg.compaction.report import CompactionReport
 
 
 def policy_of(settings: Settings) -> CompactionPolicy:

@@ -33,7 +33,7 @@ from connector.report import console, print_compaction, print_ingest, print_quer
 
 if TYPE_CHECKING:
     from connector.pipeline import IngestStats
-    from iceberg.compaction.job import CompactionReport
+    from iceberg.compaction.report import CompactionReport
 
 T = TypeVar("T")
 

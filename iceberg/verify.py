@@ -153,7 +153,7 @@ def rebuild(
     report's horizon says from which events."""
     from iceberg import leases
     from iceberg.compaction import schema, writes
-    from iceberg.compaction.job import ORDERING_PROPERTY, TRUNCATE_PROPERTY
+    from iceberg.compaction.report import ORDERING_PROPERTY, TRUNCATE_PROPERTY
     from iceberg.compaction.retention import TRIMMED_PROPERTY
     from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, STREAM_BYTES_PROPERTY
     from iceberg.log_writer import summary_value

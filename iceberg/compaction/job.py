@@ -23,24 +23,34 @@ tombstones yields the same changes, so the result equals one clean run.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import reduce
-from typing import Any
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import BooleanExpression, LessThanOrEqual
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from connector.core.faults import crash_point
-from connector.core.ordering import Ordering, Truncate, newest_truncate
+from connector.core.ordering import Truncate, newest_truncate
 from iceberg import leases
 from iceberg.compaction import dedupe, schema, winners, writes
-from iceberg.compaction.policy import CleanRange, CompactionPolicy, plan
+from iceberg.compaction.policy import CompactionPolicy, plan
+from iceberg.compaction.report import (
+    ORDERING_PROPERTY,
+    STALE_PROPERTY,
+    STATS_PROPERTY,
+    TRUNCATE_PROPERTY,
+    CompactionReport,
+    Steps,
+    compact_json,
+    has_rows,
+    may_expire,
+    range_filter,
+    round_truncates,
+    truncate_marker,
+)
 from iceberg.compaction.retain import purge_predicate
 from iceberg.compaction.retention import trim
 from iceberg.compaction.stats import (
@@ -52,122 +62,11 @@ from iceberg.compaction.stats import (
     stream_stats,
 )
 from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
-from iceberg.log_writer import POSITIONS_PROPERTY, summary_value
-from iceberg.maintenance import Upkeep, maintain, sql_literal
+from iceberg.log_writer import POSITIONS_PROPERTY
+from iceberg.maintenance import Upkeep, maintain
 from quotas.metrics import STALE
 
 log = logging.getLogger(__name__)
-STATS_PROPERTY = "cdclake.compaction"
-TRUNCATE_PROPERTY = "cdclake.truncate"  # the table's truncate marker, carried by every round's commit
-STALE_PROPERTY = "cdclake.stale"  # the round's stale events by reason
-ORDERING_PROPERTY = "cdclake.ordering"  # the ordering rule the state was built by
-
-
-@dataclass
-class CompactionReport:
-    table: str
-    ranges: list[CleanRange] = field(default_factory=list)
-    events: int = 0
-    keys: int = 0
-    upserts: int = 0
-    deletes: int = 0
-    stale: int = 0
-    stale_reasons: dict[str, int] = field(default_factory=dict)
-    truncates: int = 0
-    truncated: int = 0  # keys a truncate removed (held in the state, or changed in this round only)
-    refused: int = 0  # winners the state table cannot hold: dead letters (reason `schema`)
-    purged: int = 0
-    trimmed: int = 0  # log rows past the log retention removed
-    maintenance: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def summary(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ranges"] = {r.stream: [r.start, r.end] for r in self.ranges}
-        return d
-
-
-def range_filter(ranges: list[CleanRange]) -> str:
-    def one(r: CleanRange) -> str:
-        return (
-            f"(topic = {sql_literal(r.topic)} AND partition = {r.partition} "
-            f"AND sequence_number >= {r.start} AND sequence_number < {r.end})"
-        )
-
-    return " OR ".join(one(r) for r in ranges)
-
-
-def _json(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-def _has_rows(catalog: Catalog, name: str) -> bool:
-    snapshot = catalog.load_table(name).current_snapshot()
-    summary = snapshot.summary if snapshot is not None else None
-    return summary is not None and int(summary.additional_properties.get("total-records", 1)) > 0
-
-
-def _expired_by(now: datetime) -> BooleanExpression:
-    # pyiceberg's expressions take (term, literal); the pydantic mypy plugin reads them as keyword-only
-    return LessThanOrEqual("expires_at", now.isoformat())  # type: ignore[call-arg,misc]
-
-
-def _may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
-    """Whether a data file of the tombstones may hold one expired by `now` (by the files'
-    `expires_at` bounds in the manifests, without reading a row)."""
-    return any(True for _ in catalog.load_table(name).scan(row_filter=_expired_by(now)).plan_files())
-
-
-def _round_truncates(dirty: DataFrame, ordering: Ordering) -> tuple[Truncate | None, int]:
-    """The newest truncate of the round, and how many it has."""
-    rows = (
-        dirty.where(F.col("op") == "t")
-        .select(
-            "topic",
-            "partition",
-            "offset",
-            "sequence_number",
-            F.unix_micros("enqueued_time").alias("us"),
-            "source_position",
-            "snapshot",
-            "source_ts_ms",
-        )
-        .collect()
-    )
-    found = [
-        Truncate(
-            r["topic"],
-            r["partition"],
-            r["offset"],
-            r["sequence_number"],
-            r["us"],
-            tuple(r["source_position"]) if r["source_position"] else None,
-            r["snapshot"],
-            r["source_ts_ms"],
-        )
-        for r in rows
-    ]
-    return newest_truncate(found, ordering), len(found)
-
-
-def truncate_marker(catalog: Catalog, names: TableNames) -> Truncate | None:
-    """The table's truncate marker, from the newest state snapshot that carries one."""
-    raw = summary_value(catalog.load_table(names.state), TRUNCATE_PROPERTY)
-    return Truncate.from_json(raw) if raw else None
-
-
-class _Steps:
-    """Logs how long each step of a round took (progress on long rounds, and where time goes)."""
-
-    def __init__(self, table: str, lease: leases.Lease | None = None):
-        self.table, self.lease, self.t = table, lease, time.monotonic()
-
-    def __call__(self, name: str) -> None:
-        now = time.monotonic()
-        log.info("%s: %s took %.2f s", self.table, name, now - self.t)
-        self.t = now
-        if self.lease is not None:  # before the next step commits: stop if the lease was taken over
-            self.lease.renew()
 
 
 def compact(
@@ -205,7 +104,7 @@ class Round:
     ):
         self.spark, self.catalog, self.names, self.policy, self.now = spark, catalog, names, policy, now
         self.report = CompactionReport(names.table)
-        self.step = _Steps(names.state, lease)
+        self.step = Steps(names.state, lease)
         self.truncate: Truncate | None = None  # the round's own truncate, when newer than the marker
         self.table_truncate: Truncate | None = None  # the marker after the round
         self.late: DataFrame | None = None  # changes older than the marker: stale
@@ -271,7 +170,7 @@ class Round:
             self.late = ordered.where(older).withColumn("_stale", F.lit("older_than_truncate"))
             self.events = ordered.where(~older).drop("_o")
         if any(r.truncates for r in self.ranges):
-            found, self.report.truncates = _round_truncates(self.dirty, ordering)
+            found, self.report.truncates = round_truncates(self.dirty, ordering)
             if newest_truncate([marker, found], ordering) is found:
                 self.truncate = found  # newer than the marker: the held rows older than it go
             self.step(f"truncates of {self.report.events:,} dirty events")
@@ -284,7 +183,7 @@ class Round:
         # measured slower (10M events over 10k keys: 27.7 s a round with it, 18.9 s without).
         self.narrow = self.events.select(*winners.ORDER_COLUMNS)
         held = [
-            (t, op) for t, op in ((self.names.state, None), (self.names.tombstones, "d")) if _has_rows(self.catalog, t)
+            (t, op) for t, op in ((self.names.state, None), (self.names.tombstones, "d")) if has_rows(self.catalog, t)
         ]
         self.held_tables = {name for name, _ in held}
         if held:
@@ -417,7 +316,7 @@ class Round:
 
     def recorded(self, name: str) -> dict[str, str]:
         """The snapshot property recording the bytes per stream `name` holds."""
-        return {STREAM_BYTES_PROPERTY: _json({s: b for s, b in sorted(self.bytes[name].items()) if b})}
+        return {STREAM_BYTES_PROPERTY: compact_json({s: b for s, b in sorted(self.bytes[name].items()) if b})}
 
     def write_tombstones(self) -> None:
         """5. MERGE the tombstones: a delete's own, removed for a key written or truncated."""
@@ -467,9 +366,9 @@ class Round:
         writes.state_source(self.changes, self.columns).createOrReplaceTempView("cdclake_changes")
         points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
         props = {
-            CLEANER_POINTS_PROPERTY: _json(dict(sorted(points.items()))),
-            STATS_PROPERTY: _json(report.summary()["ranges"]),
-            STALE_PROPERTY: _json(dict(sorted(report.stale_reasons.items()))),
+            CLEANER_POINTS_PROPERTY: compact_json(dict(sorted(points.items()))),
+            STATS_PROPERTY: compact_json(report.summary()["ranges"]),
+            STALE_PROPERTY: compact_json(dict(sorted(report.stale_reasons.items()))),
             ORDERING_PROPERTY: self.policy.ordering,
             **({TRUNCATE_PROPERTY: self.table_truncate.to_json()} if self.table_truncate else {}),
             **self.recorded(names.state),
@@ -490,7 +389,7 @@ class Round:
         """7. Purge expired tombstones (idempotent, its own commit)."""
         tombstones = self.names.spark(self.names.tombstones)
         purge = purge_predicate(self.now)
-        if not _may_expire(self.catalog, self.names.tombstones, self.now):
+        if not may_expire(self.catalog, self.names.tombstones, self.now):
             self.step("purge")
             return
         gone = (

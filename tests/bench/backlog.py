@@ -6,7 +6,8 @@ For each N: a real local broker (infra/kafka_broker.py) holds N generated Debezi
 on 4 partitions (produced untimed), then `cdclake ingest` runs in a process of its own from
 `earliest` (premium tier: the standard tier's 1 GB per partition would stop it); the run
 prints its wall time, events/s, and the peak RSS of its Python process and of its JVM
-(local mode: driver and executors), then checks the log holds N rows.
+(local mode: driver and executors), then checks the log holds N rows. The resident sizes
+after each batch go to `backlog.json` (`trace`: records so far, Python MB, JVM MB).
 """
 
 from __future__ import annotations
@@ -30,20 +31,27 @@ console = Console(width=160)
 
 # Runs in the child: ingest, then report both peaks (the JVM is the child's own gateway).
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 from connector.app import run_ingest
 from connector.core.config import load_settings
 from iceberg.spark import get_spark
+def kb(pid, field):  # VmHWM, not ru_maxrss: that one keeps the forking parent's peak across exec
+    line = [l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith(field)][0]
+    return int(line.split()[1]) / 1024
 s = load_settings(**json.loads(sys.argv[1]))
+jvm = []
+trace = []
+def on_batch(stats):
+    if not jvm:
+        jvm.append(get_spark(s).sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    trace.append([stats.records, round(kb("self", "VmRSS:")), round(kb(jvm[0], "VmRSS:"))])
 t = time.perf_counter()
-stats = run_ingest(s)
+stats = run_ingest(s, on_batch)
 took = time.perf_counter() - t
-pid = get_spark(s).sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-hwm = [l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmHWM:")][0]
 print(json.dumps({"records": stats.records, "batches": stats.batches, "seconds": took,
-                  "python_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "jvm_peak_mb": int(hwm.split()[1]) / 1024}))
+                  "python_peak_mb": kb("self", "VmHWM:"), "jvm_peak_mb": kb(jvm[0], "VmHWM:"),
+                  "trace": trace}))
 """
 
 
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             fig = {"events": n, **json.loads(done.stdout.strip().splitlines()[-1])}
             assert fig["records"] == n, f"ingested {fig['records']:,} of {n:,} events"
             figs.append(fig)
-            console.print(fig)
+            console.print({k: v for k, v in fig.items() if k != "trace"})
     finally:
         broker.stop()
     t = Table(

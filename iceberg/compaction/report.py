@@ -1,0 +1,138 @@
+"""What a compaction round records and reads about its table: the snapshot properties it
+writes, its report, the truncate marker, the cheap checks made from metadata (has rows, may
+hold an expired tombstone), the round's truncates, and its progress step by step."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import BooleanExpression, LessThanOrEqual
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from connector.core.ordering import Ordering, Truncate, newest_truncate
+from iceberg import leases
+from iceberg.compaction.policy import CleanRange
+from iceberg.layouts import TableNames
+from iceberg.log_writer import summary_value
+from iceberg.maintenance import sql_literal
+
+log = logging.getLogger("iceberg.compaction.job")  # the round's progress lines, with the job's own
+
+STATS_PROPERTY = "cdclake.compaction"
+TRUNCATE_PROPERTY = "cdclake.truncate"  # the table's truncate marker, carried by every round's commit
+STALE_PROPERTY = "cdclake.stale"  # the round's stale events by reason
+ORDERING_PROPERTY = "cdclake.ordering"  # the ordering rule the state was built by
+
+
+@dataclass
+class CompactionReport:
+    table: str
+    ranges: list[CleanRange] = field(default_factory=list)
+    events: int = 0
+    keys: int = 0
+    upserts: int = 0
+    deletes: int = 0
+    stale: int = 0
+    stale_reasons: dict[str, int] = field(default_factory=dict)
+    truncates: int = 0
+    truncated: int = 0  # keys a truncate removed (held in the state, or changed in this round only)
+    refused: int = 0  # winners the state table cannot hold: dead letters (reason `schema`)
+    purged: int = 0
+    trimmed: int = 0  # log rows past the log retention removed
+    maintenance: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ranges"] = {r.stream: [r.start, r.end] for r in self.ranges}
+        return d
+
+
+def range_filter(ranges: list[CleanRange]) -> str:
+    def one(r: CleanRange) -> str:
+        return (
+            f"(topic = {sql_literal(r.topic)} AND partition = {r.partition} "
+            f"AND sequence_number >= {r.start} AND sequence_number < {r.end})"
+        )
+
+    return " OR ".join(one(r) for r in ranges)
+
+
+def compact_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def has_rows(catalog: Catalog, name: str) -> bool:
+    snapshot = catalog.load_table(name).current_snapshot()
+    summary = snapshot.summary if snapshot is not None else None
+    return summary is not None and int(summary.additional_properties.get("total-records", 1)) > 0
+
+
+def expired_by(now: datetime) -> BooleanExpression:
+    # pyiceberg's expressions take (term, literal); the pydantic mypy plugin reads them as keyword-only
+    return LessThanOrEqual("expires_at", now.isoformat())  # type: ignore[call-arg,misc]
+
+
+def may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
+    """Whether a data file of the tombstones may hold one expired by `now` (by the files'
+    `expires_at` bounds in the manifests, without reading a row)."""
+    return any(True for _ in catalog.load_table(name).scan(row_filter=expired_by(now)).plan_files())
+
+
+def round_truncates(dirty: DataFrame, ordering: Ordering) -> tuple[Truncate | None, int]:
+    """The newest truncate of the round, and how many it has."""
+    rows = (
+        dirty.where(F.col("op") == "t")
+        .select(
+            "topic",
+            "partition",
+            "offset",
+            "sequence_number",
+            F.unix_micros("enqueued_time").alias("us"),
+            "source_position",
+            "snapshot",
+            "source_ts_ms",
+        )
+        .collect()
+    )
+    found = [
+        Truncate(
+            r["topic"],
+            r["partition"],
+            r["offset"],
+            r["sequence_number"],
+            r["us"],
+            tuple(r["source_position"]) if r["source_position"] else None,
+            r["snapshot"],
+            r["source_ts_ms"],
+        )
+        for r in rows
+    ]
+    return newest_truncate(found, ordering), len(found)
+
+
+def truncate_marker(catalog: Catalog, names: TableNames) -> Truncate | None:
+    """The table's truncate marker, from the newest state snapshot that carries one."""
+    raw = summary_value(catalog.load_table(names.state), TRUNCATE_PROPERTY)
+    return Truncate.from_json(raw) if raw else None
+
+
+class Steps:
+    """Logs how long each step of a round took (progress on long rounds, and where time goes)."""
+
+    def __init__(self, table: str, lease: leases.Lease | None = None):
+        self.table, self.lease, self.t = table, lease, time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        log.info("%s: %s took %.2f s", self.table, name, now - self.t)
+        self.t = now
+        if self.lease is not None:  # before the next step commits: stop if the lease was taken over
+            self.lease.renew()
