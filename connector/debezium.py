@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal, DecimalException
@@ -22,7 +21,7 @@ import orjson
 from connector.core.config import Settings
 from connector.core.errors import DecodeError
 from connector.core.ordering import INT64_MAX, INT64_MIN, is_snapshot, source_position
-from connector.core.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord
+from connector.core.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord, table_name, topic_table
 from connector.keys import KeyFormat, canonical, key_text
 from connector.limits import DecodeLimits, check_image, out_of_range, parse_value
 
@@ -31,7 +30,6 @@ MAX_TOPICS = 10_000  # bound of the learned topic -> table map
 MAX_DECIMAL_PRECISION = 38  # Spark's and Iceberg's
 UNROUTABLE = "unroutable"  # the dead letters of records whose topic names no usable table
 _EPOCH = datetime(1970, 1, 1)
-_TABLE_CHARS = re.compile(r"[^a-z0-9_]+")
 
 # Kafka Connect primitive types -> Spark SQL types: the names JsonConverter writes in a
 # schema (`float`, `double`: JsonSchema's FLOAT_TYPE_NAME / DOUBLE_TYPE_NAME) and Connect's
@@ -49,25 +47,6 @@ _PRIMITIVE = {
     "string": "string",
     "bytes": "binary",
 }
-
-
-def table_name(text: str, max_length: int = DecodeLimits.max_table_name_length) -> str:
-    """A Debezium table or topic segment as an Iceberg table name."""
-    name = _TABLE_CHARS.sub("_", text.lower()).strip("_")
-    if not name:
-        raise DecodeError("route", f"cannot derive a table name from {text!r}")
-    if len(name) > max_length:
-        raise DecodeError(
-            "route",
-            f"table name {name[:40]!r}... has {len(name)} characters, over the limit of "
-            f"{max_length} (limits.max_table_name_length)",
-        )
-    return name
-
-
-def topic_table(topic: str, max_length: int = DecodeLimits.max_table_name_length) -> str:
-    """Debezium names topics `<prefix>.<schema>.<table>`: the last segment is the table."""
-    return table_name(topic.rsplit(".", 1)[-1], max_length)
 
 
 def _ts_micros(micros: int) -> str:

@@ -13,6 +13,7 @@ import orjson
 
 from connector.core.errors import DecodeError
 from connector.core.ordering import INT64_MAX, INT64_MIN
+from connector.core.records import MAX_TABLE_NAME_LENGTH
 from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA
 
 # names the state and tombstone tables give their own columns: an after-image cannot use them
@@ -27,7 +28,7 @@ class DecodeLimits:
     max_depth: int = 64  # nesting of the value's JSON
     max_columns: int = 1_000  # after-image columns
     max_name_length: int = 128  # a column's name
-    max_table_name_length: int = 100  # a table's name (its files' directory names carry it)
+    max_table_name_length: int = MAX_TABLE_NAME_LENGTH
     max_value_bytes: int = 16 << 20  # a record's value, before it is parsed
 
 

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from connector.core.config import EventHubsSourceConfig, Settings, _KafkaCommon
-from connector.debezium import topic_table
+from connector.core.records import topic_table
 from quotas.errors import QuotaConfigError
 from quotas.ledger import validate
 

@@ -30,6 +30,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pydantic_settings.exceptions import SettingsError
 
 from connector.core.errors import ConfigError
+from connector.core.records import MAX_TABLE_NAME_LENGTH
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cdclake_config_file", default=None)
 
@@ -301,7 +302,7 @@ class LimitsConfig(_Section):
     max_depth: int = Field(64, gt=0, le=1000, description="nesting of an event's JSON value")
     max_columns: int = Field(1_000, gt=0, description="columns of an after-image")
     max_name_length: int = Field(128, gt=0, description="characters of a column name")
-    max_table_name_length: int = Field(100, gt=0, le=200, description="characters of a table name")
+    max_table_name_length: int = Field(MAX_TABLE_NAME_LENGTH, gt=0, le=200, description="characters of a table name")
     max_value_bytes: int = Field(
         16 << 20, gt=0, description="bytes of a record's value (a dump's line), before it is parsed"
     )

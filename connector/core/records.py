@@ -7,9 +7,12 @@ one is built per record on the ingest hot path and a frozen dataclass's `__init_
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from connector.core.errors import DecodeError
 
 
 @dataclass(slots=True)
@@ -83,3 +86,26 @@ class DeadLetter:
     table: str
     reason: str
     detail: str
+
+
+_TABLE_CHARS = re.compile(r"[^a-z0-9_]+")
+MAX_TABLE_NAME_LENGTH = 100  # default of `limits.max_table_name_length` (its files' directory names carry it)
+
+
+def table_name(text: str, max_length: int = MAX_TABLE_NAME_LENGTH) -> str:
+    """A Debezium table or topic segment as an Iceberg table name."""
+    name = _TABLE_CHARS.sub("_", text.lower()).strip("_")
+    if not name:
+        raise DecodeError("route", f"cannot derive a table name from {text!r}")
+    if len(name) > max_length:
+        raise DecodeError(
+            "route",
+            f"table name {name[:40]!r}... has {len(name)} characters, over the limit of "
+            f"{max_length} (limits.max_table_name_length)",
+        )
+    return name
+
+
+def topic_table(topic: str, max_length: int = MAX_TABLE_NAME_LENGTH) -> str:
+    """Debezium names topics `<prefix>.<schema>.<table>`: the last segment is the table."""
+    return table_name(topic.rsplit(".", 1)[-1], max_length)
