@@ -35,3 +35,15 @@ def test_benchmark_smoke(spark, work_root, tmp_path):
     assert len(fig["ours_runs_s"]) == len(fig["naive_merge_runs_s"]) == len(fig["ours_rounds_s"]) == 2
     assert round(fig["ours_s"], 2) in fig["ours_runs_s"] and fig["naive_merge_s"] in fig["naive_merge_runs_s"]
     assert (tmp_path / "results.json").exists() and not list(tmp_path.glob("n*-k*")), "a run's inputs are left on disk"
+
+
+@pytest.mark.slow
+def test_freshness_smoke(tmp_path):
+    """A small steady stream through `cdclake run --every` in a process of its own: every event
+    reaches the state, which ends with the producer's live keys (run_rate asserts it)."""
+    from tests.bench.freshness import main as freshness
+
+    (fig,) = freshness(["--rates", "1000", "--seconds", "8", "--keys", "3000", "--out", str(tmp_path)])
+    assert fig["events"] >= 7000 and fig["not_reached"] == 0 and fig["reached"] == fig["events"]
+    assert 0 < fig["p50_s"] <= fig["p99_s"] <= fig["max_s"]
+    assert (tmp_path / "freshness.json").exists() and (tmp_path / "freshness.png").exists()
