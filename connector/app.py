@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog
 
-from connector.core.config import FileSourceConfig, Settings
+from connector.core.config import Settings
+from connector.core.source_config import FileSourceConfig
 from connector.debezium import decoder_for
 from connector.pipeline import IngestJob, IngestStats
 from connector.sources import load_source

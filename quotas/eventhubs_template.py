@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from connector.core.config import EventHubsSourceConfig, Settings, _KafkaCommon
+from connector.core.config import Settings
 from connector.core.records import topic_table
+from connector.core.source_config import EventHubsSourceConfig, KafkaCommonConfig
 from quotas.errors import QuotaConfigError
 from quotas.ledger import validate
 
@@ -29,7 +30,7 @@ NS = "parameters('namespaceName')"
 def hubs(settings: Settings) -> list[str]:
     """The event hubs the source reads: its topics, else the configured tables."""
     source = settings.source
-    if isinstance(source, _KafkaCommon):
+    if isinstance(source, KafkaCommonConfig):
         return list(source.topics)
     if isinstance(source, EventHubsSourceConfig):
         return [source.label().rsplit("/", 1)[-1]]
@@ -38,7 +39,7 @@ def hubs(settings: Settings) -> list[str]:
 
 def consumer_group(settings: Settings) -> str:
     source = settings.source
-    if isinstance(source, _KafkaCommon):
+    if isinstance(source, KafkaCommonConfig):
         return source.group_id
     if isinstance(source, EventHubsSourceConfig):
         return source.consumer_group

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-    from connector.core.config import EventHubsSourceConfig, SourceConfig
+    from connector.core.source_config import EventHubsSourceConfig, SourceConfig
     from connector.sources.eventhubs import CheckpointMirror
 
 
@@ -93,7 +93,7 @@ class Source(ABC):
 
 
 def load_source(config: SourceConfig) -> Source:
-    from connector.core.config import EventHubsSourceConfig, FileSourceConfig
+    from connector.core.source_config import EventHubsSourceConfig, FileSourceConfig
 
     if isinstance(config, FileSourceConfig):
         from connector.sources.file import FileSource

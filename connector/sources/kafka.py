@@ -25,7 +25,7 @@ from connector.sources import Source, initial_position, share
 from quotas.metrics import MIRROR_FAILURES
 
 if TYPE_CHECKING:
-    from connector.core.config import EventHubsKafkaSourceConfig, KafkaSourceConfig
+    from connector.core.source_config import EventHubsKafkaSourceConfig, KafkaSourceConfig
 
     _KafkaConfig = KafkaSourceConfig | EventHubsKafkaSourceConfig
 

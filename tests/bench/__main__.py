@@ -82,14 +82,14 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
             )
         _, ingest_s = timed(systems.ours_ingest, settings)
         _, compact_s = timed(systems.ours_compact, settings)
-        assert systems.live(settings, "items", "_key") == expected, "this pipeline disagrees with the model"
+        systems.check_live(settings, "items", "_key", expected, src, "this pipeline")
         ours_runs.append((ingest_s, compact_s))
         if not i:  # this pipeline's own peak; the process peak below also covers the baselines
             fig["python_peak_after_ours_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             fig["jvm_peak_after_ours_mb"] = jvm_peak_rss_mb(spark)
             batches = systems.split_files(src, work / "batches", args.batch)
         _, naive_s = timed(systems.naive_spark_merge, spark, settings, batches, work / "chk")
-        assert systems.live(settings, "naive_items", "k") == expected, "naive MERGE disagrees with the model"
+        systems.check_live(settings, "naive_items", "k", expected, src, "naive MERGE")
         naive_runs.append(naive_s)
     fig["ours_runs_s"], fig["naive_merge_runs_s"] = [round(a + b, 2) for a, b in ours_runs], naive_runs
     fig["ours_ingest_s"], fig["ours_compact_s"] = median_run(ours_runs)
@@ -124,11 +124,11 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
             assert systems.log_rows(from_kafka) == n, "the log from Kafka does not hold every event once"
         fig["kafka_ingest_runs_s"], fig["kafka_ingest_s"] = kafka_runs, statistics.median_high(kafka_runs)
         systems.ours_compact(from_kafka)
-        assert systems.live(from_kafka, "items", "_key") == expected, "the tables from Kafka disagree with the model"
+        systems.check_live(from_kafka, "items", "_key", expected, src, "the tables from Kafka")
 
     if n <= args.upsert_max:
         _, fig["pyiceberg_upsert_s"] = timed(systems.pyiceberg_upsert, settings, src, args.batch)
-        assert systems.live(settings, "upsert_items", "k") == expected, "pyiceberg upsert disagrees with the model"
+        systems.check_live(settings, "upsert_items", "k", expected, src, "pyiceberg upsert")
     parquet = systems.to_parquet(src, work / "events.parquet")
     con, fig["duckdb_floor_s"] = timed(systems.duckdb_floor, parquet)
     assert systems.duckdb_live(con) == expected, "DuckDB disagrees with the model"
@@ -153,7 +153,7 @@ def run_once(root: Path, n: int, k: int, args, spark_holder: dict) -> dict:
             rounds.append(round(timed(systems.ours_compact, settings)[1], 2))
             if args.rounds > 1:
                 console.print(f"incremental round {i + 1} of {args.rounds}: compaction {rounds[-1]:.2f} s")
-        assert systems.live(settings, "items", "_key") == live_keys(src), "the rounds disagree with the model"
+        systems.check_live(settings, "items", "_key", live_keys(src), src, "the incremental rounds")
         fig["ours_incremental_compact_s"], fig["incremental_events"] = rounds[0], more
         fig["ours_rounds_s"] = rounds
 

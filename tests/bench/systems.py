@@ -50,7 +50,17 @@ def produce_to_kafka(bootstrap: str, topic: str, src: Path, partitions: int) -> 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         f.result(60)
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000, "acks": "all"})
+    # idempotent: a retried batch cannot land after the next one, so each partition's offsets
+    # stay in the file's (and the source positions') order
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.num.messages": 10000,
+            "acks": "all",
+            "enable.idempotence": True,
+        }
+    )
     n = 0
     with src.open("rb") as f:
         for line in f:
@@ -82,6 +92,31 @@ def live(settings: Settings, table: str, key: str) -> set[str]:
     """The keys of an Iceberg table of the namespace (what a system ended with)."""
     t = load_catalog(settings).load_table(f"{settings.catalog.namespace}.{table}")
     return set(t.scan(selected_fields=(key,)).to_arrow()[key].to_pylist())
+
+
+def check_live(settings: Settings, table: str, key: str, expected: set[str], src: Path, who: str) -> None:
+    """Hold a system's live keys to the model's; on a difference, name the keys with the
+    stream's events for them and, where the namespace has one, this pipeline's log rows."""
+    got = live(settings, table, key)
+    if got == expected:
+        return
+    missing, extra = sorted(expected - got), sorted(got - expected)
+    shown = set(missing[:3] + extra[:3])
+    lines = [f"{who} disagrees with the model: {len(missing)} live keys missing, {len(extra)} extra"]
+    with src.open() as f:
+        for line in f:
+            r = json.loads(line)
+            if r["key"] in shown:
+                op = "tombstone" if r["payload"] is None else json.loads(r["payload"])["op"]
+                lines.append(f"  stream {r['key']} p{r['partition']}@{r['offset']} {op}")
+    catalog = load_catalog(settings)
+    log = f"{settings.catalog.namespace}.items__log"
+    if catalog.table_exists(log):
+        cols = ("key", "partition", "offset", "sequence_number", "op", "tombstone", "source_position")
+        for r in catalog.load_table(log).scan(selected_fields=cols).to_arrow().to_pylist():
+            if r["key"] in shown:
+                lines.append(f"  log    {r}")
+    raise AssertionError("\n".join(lines))
 
 
 def split_files(src: Path, out: Path, batch: int) -> Path:

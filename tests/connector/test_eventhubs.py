@@ -12,8 +12,9 @@ import pytest
 from pydantic import TypeAdapter
 
 from connector.app import run_compaction, run_ingest
-from connector.core.config import SourceConfig, load_settings
+from connector.core.config import load_settings
 from connector.core.errors import ConfigError
+from connector.core.source_config import SourceConfig
 from connector.sources.eventhubs import record_from_event
 from iceberg.catalog import load_catalog
 from tests.connector.eventhubs_fake import amqp_event

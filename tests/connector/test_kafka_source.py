@@ -11,8 +11,8 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from pydantic import TypeAdapter
 
 from connector.app import run_ingest
-from connector.core.config import SourceConfig
 from connector.core.errors import SourceError
+from connector.core.source_config import SourceConfig
 from iceberg.catalog import load_catalog
 from tests.conftest import SASL_PASSWORD
 from tests.iceberg.helpers import names
@@ -31,8 +31,8 @@ def new_topic(kafka, partitions: int = 2) -> str:
 
 
 def produce(kafka, topic: str, events: list[tuple[int, int, str | None]]) -> None:
-    """(partition, key id, op or None for a tombstone) as Debezium JSON."""
-    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    """(partition, key id, op or None for a tombstone) as Debezium JSON, in order per partition."""
+    p = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
     for i, (part, key, op) in enumerate(events):
         value = (
             None
