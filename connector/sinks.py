@@ -15,7 +15,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -116,7 +117,8 @@ class Sinks:
         (merged with what the table holds) in the same snapshot."""
 
         def write(props: Mapping[str, str]) -> None:
-            commit_data_files(self.catalog.load_table((self.namespace, name)), written, props, self.branch)
+            with _as_conflict():
+                commit_data_files(self.catalog.load_table((self.namespace, name)), written, props, self.branch)
 
         self._commit(name, positions, write)
 
@@ -204,14 +206,23 @@ class Sinks:
         self.branched.clear()
 
 
-def _append(table: Table, props: Mapping[str, str], branch: str, **kw: Any) -> None:
-    """A commit without rows (by pyiceberg), a conflict always as `CommitFailedException`."""
+@contextmanager
+def _as_conflict() -> Iterator[None]:
+    """A commit whose conflict is always `CommitFailedException`: pyiceberg raises ValueError
+    for a snapshot built on metadata that another commit (of any branch) moved on, naming
+    its sequence number."""
     try:
-        append_with_positions(table, table.schema().as_arrow().empty_table(), None, props, branch=branch, **kw)
-    except ValueError as e:  # pyiceberg's word for a snapshot built on stale metadata (sequence numbers)
+        yield
+    except ValueError as e:
         if "sequence number" not in str(e):
             raise
         raise CommitFailedException(str(e)) from e
+
+
+def _append(table: Table, props: Mapping[str, str], branch: str, **kw: Any) -> None:
+    """A commit without rows (by pyiceberg), a conflict always as `CommitFailedException`."""
+    with _as_conflict():
+        append_with_positions(table, table.schema().as_arrow().empty_table(), None, props, branch=branch, **kw)
 
 
 def _new_target(io: FileIO, base: str, name: str) -> FileTarget:

@@ -60,6 +60,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--events", type=int, nargs="+", default=[2_000_000, 20_000_000])
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=1_000_000, help="source.batch_size")
+    ap.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark configuration for the ingest (spark.conf), e.g. spark.driver.extraJavaOptions=-XX:+UseG1GC",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench-results/backlog"))
     args = ap.parse_args(argv)
     root = args.out.resolve()
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 # 20M events hold ~1.2 GB per partition before any compaction: over the
                 # standard tier's 1 GB, which would (rightly) stop the run
                 "quotas": {"default_tier": "premium"},
-                "spark": {"master": "local[2]"},
+                "spark": {"master": "local[2]", "conf": dict(kv.split("=", 1) for kv in args.spark_conf)},
                 "source": {
                     "type": "kafka",
                     "bootstrap_servers": broker.bootstrap,

@@ -249,6 +249,33 @@ def test_concurrent_ingests_of_one_input_add_each_record_once(spark, settings, t
         assert _held(load_catalog(settings), ns) == want, outcomes
 
 
+def test_a_commit_of_another_branch_in_between_is_retried_over(spark, settings, tmp_path, monkeypatch):
+    """Another commit lands on a log table between a batch's reload and its commit, moving
+    neither `main` nor the positions (a second ingest's own branch, say): pyiceberg refuses
+    the batch's snapshot for its stale sequence number, and the batch is committed again on
+    top of it. Every record is held once."""
+    from connector import sinks
+
+    lines = _mixed_lines(30)
+    path = write_lines(tmp_path / "dump.jsonl", lines)
+    want = sorted((d["topic"], d["partition"], d["offset"]) for d in map(json.loads, lines))
+    real, raced = sinks.commit_data_files, []
+
+    def racing(table, written, props, branch):
+        if not raced:  # the first batch's commit: another branch's snapshot just before it
+            other = load_catalog(settings).load_table(".".join(table.name()[-2:]))
+            other.manage_snapshots().create_branch(other.current_snapshot().snapshot_id, "elsewhere").commit()
+            real(other.refresh(), [], {}, "elsewhere")
+            raced.append(".".join(table.name()[-2:]))
+        real(table, written, props, branch)
+
+    monkeypatch.setattr(sinks, "commit_data_files", racing)
+    ns = settings.catalog.namespace
+    stats = ingest(spark, FileSource(path), IngestJob(load_catalog(settings), ns, Decoder(), 7))
+    assert raced and stats.records == len(lines)
+    assert _held(load_catalog(settings), ns) == want
+
+
 def test_a_second_ingest_of_one_source_stops_at_once_naming_the_first_or_waits_for_it(spark, settings, tmp_path):
     """Through `run_ingest` (the CLI's route): the first run holds the source's `ingest` lease
     while it works (held here after its first batch); a second stops before reading anything,
