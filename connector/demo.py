@@ -23,28 +23,37 @@ Row = dict[str, Any]  # a Debezium envelope or an image of a row
 T0 = 1_763_700_000_000  # ms
 
 
-def _pg(op: str, before: Row | None, after: Row | None, lsn: int, ts: int, snapshot: str = "false") -> Row:
+def _envelope(
+    op: str, before: Row | None, after: Row | None, ts: int, connector: str, snapshot: str, **source: Any
+) -> Row:
+    """A Debezium 2.7 change event of the demo's `shop` database; `source`: the connector's own fields."""
+    name = {"postgresql": "pg", "mysql": "my", "sqlserver": "ms"}[connector]
+    common = {"version": "2.7.3.Final", "connector": connector, "name": name, "ts_ms": ts, "snapshot": snapshot}
     return {
         "before": before,
         "after": after,
         "op": op,
         "ts_ms": ts,
         "transaction": None,
-        "source": {
-            "version": "2.7.3.Final",
-            "connector": "postgresql",
-            "name": "pg",
-            "ts_ms": ts,
-            "snapshot": snapshot,
-            "db": "shop",
-            "sequence": json.dumps([None, str(lsn)]),
-            "schema": "inventory",
-            "table": "customers",
-            "txId": 700 + lsn % 97,
-            "lsn": lsn,
-            "xmin": None,
-        },
+        "source": {**common, "db": "shop", **source},
     }
+
+
+def _pg(op: str, before: Row | None, after: Row | None, lsn: int, ts: int, snapshot: str = "false") -> Row:
+    return _envelope(
+        op,
+        before,
+        after,
+        ts,
+        "postgresql",
+        snapshot,
+        sequence=json.dumps([None, str(lsn)]),
+        schema="inventory",
+        table="customers",
+        txId=700 + lsn % 97,
+        lsn=lsn,
+        xmin=None,
+    )
 
 
 def _decimal(v: str, scale: int) -> str:
@@ -90,55 +99,26 @@ def _order(n: int, day: int, who: int, total: str, status: str) -> Row:
 
 
 def _my(op: str, before: Row | None, after: Row | None, pos: int, ts: int, snapshot: str = "false") -> Row:
-    payload = {
-        "before": before,
-        "after": after,
-        "op": op,
-        "ts_ms": ts,
-        "transaction": None,
-        "source": {
-            "version": "2.7.3.Final",
-            "connector": "mysql",
-            "name": "my",
-            "ts_ms": ts,
-            "snapshot": snapshot,
-            "db": "shop",
-            "sequence": None,
-            "table": "orders",
-            "server_id": 223344,
-            "gtid": None,
-            "file": "mysql-bin.000004",
-            "pos": pos,
-            "row": 0,
-            "thread": 7,
-            "query": None,
-        },
-    }
+    source = {"sequence": None, "table": "orders", "server_id": 223344, "gtid": None, "file": "mysql-bin.000004"}
+    payload = _envelope(op, before, after, ts, "mysql", snapshot, **source, pos=pos, row=0, thread=7, query=None)
     return {"schema": _ORDER_SCHEMA, "payload": payload}
 
 
 def _ms(op: str, after: Row | None, before: Row | None, lsn: str, serial: int, ts: int) -> Row:
-    return {
-        "before": before,
-        "after": after,
-        "op": op,
-        "ts_ms": ts,
-        "transaction": None,
-        "source": {
-            "version": "2.7.3.Final",
-            "connector": "sqlserver",
-            "name": "ms",
-            "ts_ms": ts,
-            "snapshot": "false",
-            "db": "shop",
-            "sequence": None,
-            "schema": "dbo",
-            "table": "products",
-            "change_lsn": lsn,
-            "commit_lsn": lsn,
-            "event_serial_no": serial,
-        },
-    }
+    return _envelope(
+        op,
+        before,
+        after,
+        ts,
+        "sqlserver",
+        "false",
+        sequence=None,
+        schema="dbo",
+        table="products",
+        change_lsn=lsn,
+        commit_lsn=lsn,
+        event_serial_no=serial,
+    )
 
 
 def demo_events(t0: int = T0) -> Iterator[dict[str, Any]]:

@@ -22,7 +22,7 @@ import pytest
 
 from connector.app import run_compaction, run_ingest
 from tests.connector.test_kafka_source import kafka_settings, new_topic
-from tests.test_kafka_end_to_end import assert_tables_match_the_model_of, log_rows
+from tests.test_kafka_end_to_end import assert_tables_match_the_model_of, connector_env, log_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,21 +30,16 @@ KILLS = int(os.environ.get("CDCLAKE_CHAOS_KILLS", "4"))
 
 
 def _run(s, topic: str, log: Path) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "CDCLAKE_WORK_DIR": str(s.work_dir),
-        "CDCLAKE_CATALOG__NAMESPACE": s.catalog.namespace,
-        "CDCLAKE_SOURCE__TYPE": "kafka",
-        "CDCLAKE_SOURCE__BOOTSTRAP_SERVERS": s.source.bootstrap_servers,
-        "CDCLAKE_SOURCE__TOPICS": json.dumps([topic]),
-        "CDCLAKE_SOURCE__GROUP_ID": s.source.group_id,
-        "CDCLAKE_SOURCE__BATCH_SIZE": "100",
-        "CDCLAKE_SOURCE__UNAVAILABLE_TIMEOUT_SECONDS": "30",
-        "CDCLAKE_SPARK__SHUFFLE_PARTITIONS": "2",
+    env = connector_env(
+        s,
+        topic,
+        100,
+        30,
+        CDCLAKE_SOURCE__GROUP_ID=s.source.group_id,
         # maintenance after every round, so kills land in it too
-        "CDCLAKE_MAINTENANCE__SNAPSHOT_RETENTION_HOURS": "0",
-        "CDCLAKE_MAINTENANCE__REWRITE_FILES": "2",
-    }
+        CDCLAKE_MAINTENANCE__SNAPSHOT_RETENTION_HOURS="0",
+        CDCLAKE_MAINTENANCE__REWRITE_FILES="2",
+    )
     out = open(log, "wb")
     return subprocess.Popen(
         [sys.executable, "-m", "connector.cli", "-v", "run", "--every", "1", "--force"],

@@ -59,21 +59,26 @@ def assert_tables_match_the_model_of(s, table: str, rows: list[dict]) -> None:
     assert offsets_by_key(s, names(s, table).tombstones) == tombs
 
 
-def connector(s, topic: str) -> subprocess.Popen:
-    env = {
+def connector_env(s, topic: str, batch_size: int, unavailable_timeout: int, **more: str) -> dict[str, str]:
+    """The environment of `cdclake run` against the settings' broker and namespace."""
+    return {
         **os.environ,
         "CDCLAKE_WORK_DIR": str(s.work_dir),
         "CDCLAKE_CATALOG__NAMESPACE": s.catalog.namespace,
         "CDCLAKE_SOURCE__TYPE": "kafka",
         "CDCLAKE_SOURCE__BOOTSTRAP_SERVERS": s.source.bootstrap_servers,
         "CDCLAKE_SOURCE__TOPICS": json.dumps([topic]),
-        "CDCLAKE_SOURCE__BATCH_SIZE": "50",
-        "CDCLAKE_SOURCE__UNAVAILABLE_TIMEOUT_SECONDS": "60",
+        "CDCLAKE_SOURCE__BATCH_SIZE": str(batch_size),
+        "CDCLAKE_SOURCE__UNAVAILABLE_TIMEOUT_SECONDS": str(unavailable_timeout),
         "CDCLAKE_SPARK__SHUFFLE_PARTITIONS": "2",
+        **more,
     }
+
+
+def connector(s, topic: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "connector.cli", "run", "--every", "1"],
-        env=env,
+        env=connector_env(s, topic, 50, 60),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -10,7 +10,10 @@ import resource
 import shutil
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -33,6 +36,18 @@ def start_broker(workdir: Path):
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     shutil.rmtree(workdir, ignore_errors=True)
     return module.KafkaBroker(workdir).start()
+
+
+@contextmanager
+def broker_under(out: Path) -> Iterator[tuple[Path, Any]]:
+    """The results folder (made) and a broker with its data under it, stopped after the block."""
+    root = out.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    broker = start_broker(root / "kafka")
+    try:
+        yield root, broker
+    finally:
+        broker.stop()
 
 
 def jvm_peak_rss_mb(spark) -> float:

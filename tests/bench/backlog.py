@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tests.bench import systems
-from tests.bench.__main__ import start_broker
+from tests.bench.__main__ import broker_under
 from tests.bench.generate import TOPIC, generate
 
 console = Console(width=160)
@@ -69,11 +69,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     ap.add_argument("--out", type=Path, default=Path("bench-results/backlog"))
     args = ap.parse_args(argv)
-    root = args.out.resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    broker = start_broker(root / "kafka")
     figs = []
-    try:
+    with broker_under(args.out) as (root, broker):
         for n in args.events:
             src = root / "events.jsonl"
             generate(src, n, args.keys)
@@ -105,8 +102,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
             assert fig["records"] == n, f"ingested {fig['records']:,} of {n:,} events"
             figs.append(fig)
             console.print({k: v for k, v in fig.items() if k != "trace"})
-    finally:
-        broker.stop()
     t = Table(
         "events waiting",
         "batch",

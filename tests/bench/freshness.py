@@ -35,7 +35,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tests.bench.__main__ import start_broker
+from tests.bench.__main__ import broker_under
 from tests.bench.generate import TOPIC
 
 console = Console(width=160)
@@ -258,17 +258,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--drain", type=float, default=120, help="seconds to wait for the last events after the stream")
     ap.add_argument("--out", type=Path, default=Path("bench-results/freshness"))
     args = ap.parse_args(argv)
-    root = args.out.resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    broker = start_broker(root / "kafka")
     figs = []
-    try:
+    with broker_under(args.out) as (root, broker):
         for rate in args.rates:
             figs.append(run_rate(broker, root, rate, args))
             console.print(figs[-1])
             (root / "freshness.json").write_text(json.dumps(figs, indent=1))
-    finally:
-        broker.stop()
     t = Table(
         "events/s", "produced/s", "events", "rounds", "p50 s", "p95 s", "p99 s", "max s", "lag slope", "sustained"
     )
