@@ -104,6 +104,47 @@ def test_headers_reach_the_log_as_kafka_gives_them(spark, settings, kafka):
         assert [(h["key"], h["value"]) for h in row["headers"]] == headers
 
 
+def _spark_kafka_consumers(spark, group: str, topic: str, partitions: int) -> tuple[int, int]:
+    """(consumers Spark's executor pool holds in all, those of `group` for the topic): the
+    pool is private to Spark's Kafka source, so it is read by reflection."""
+    gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+
+    def cls(name: str):
+        return jvm.java.lang.Class.forName(f"org.apache.spark.sql.kafka010.consumer.{name}", True, loader)
+
+    field = cls("KafkaDataConsumer$").getDeclaredField("consumerPool")
+    field.setAccessible(True)
+    pool = field.get(None)
+    args = gateway.new_array(jvm.java.lang.Class, 2)
+    args[0], args[1] = (
+        jvm.java.lang.String._java_lang_class,
+        jvm.org.apache.kafka.common.TopicPartition._java_lang_class,
+    )
+    make = cls("KafkaDataConsumer$CacheKey").getConstructor(args)
+    ours = 0
+    for p in range(partitions):
+        values = gateway.new_array(jvm.java.lang.Object, 2)
+        values[0], values[1] = group, jvm.org.apache.kafka.common.TopicPartition(topic, p)
+        ours += pool.size(make.newInstance(values))
+    return pool.size(), ours
+
+
+@pytest.mark.spark
+def test_a_backlog_read_in_many_batches_keeps_one_consumer_per_partition(spark, settings, kafka):
+    """Spark pools its Kafka consumers (and what they prefetched) by group id and partition
+    for minutes: each batch reads with the source's group id, so a backlog drained in many
+    batches reuses one consumer per partition instead of adding one per partition per batch
+    (which grew a 20M-event backlog's heap by ~5 MB a batch)."""
+    topic = new_topic(kafka, 2)
+    produce(kafka, topic, [(i % 2, i, "c") for i in range(24)])
+    s = kafka_settings(settings, kafka, topic)
+    before, _ = _spark_kafka_consumers(spark, s.source.group_id, topic, 2)
+    assert run_ingest(s).batches == 6
+    after, ours = _spark_kafka_consumers(spark, s.source.group_id, topic, 2)
+    assert (ours, after - before) == (2, 2)
+
+
 def event_hubs_endpoint(kafka) -> dict:
     """Event Hubs' Kafka endpoint as the local broker's SASL listener plays it."""
     return {
