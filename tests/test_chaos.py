@@ -33,8 +33,8 @@ def _run(s, topic: str, log: Path) -> subprocess.Popen:
     env = connector_env(
         s,
         topic,
-        100,
-        30,
+        batch_size=100,
+        unavailable_timeout=30,
         CDCLAKE_SOURCE__GROUP_ID=s.source.group_id,
         # maintenance after every round, so kills land in it too
         CDCLAKE_MAINTENANCE__SNAPSHOT_RETENTION_HOURS="0",

@@ -78,7 +78,7 @@ def connector_env(s, topic: str, batch_size: int, unavailable_timeout: int, **mo
 def connector(s, topic: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "connector.cli", "run", "--every", "1"],
-        env=connector_env(s, topic, 50, 60),
+        env=connector_env(s, topic, batch_size=50, unavailable_timeout=60),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

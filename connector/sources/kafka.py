@@ -259,10 +259,10 @@ class KafkaSource(Source):
             config.unavailable_timeout_seconds,
         )
         self.options = {
-            # one group id for every batch: Spark caches its consumers (and the records they
-            # prefetched) by group id and partition, so each batch reuses the last one's instead
-            # of adding 4 more to a pool that holds up to 64 for 5 minutes (a random group per
-            # batch grew a backlog's heap by ~5 MB a batch). No group membership: `assign`.
+            # one group id for every batch: Spark pools its consumers (with the records they
+            # prefetched) by group id and partition, so each batch reuses the last one's; a
+            # random group per batch would add one per partition each batch. `assign`: no
+            # group membership.
             "kafka.group.id": config.group_id,
             **spark_kafka_options(settings),
             "includeHeaders": "true",

@@ -135,14 +135,14 @@ def test_a_backlog_read_in_many_batches_keeps_one_consumer_per_partition(spark, 
     """Spark pools its Kafka consumers (and what they prefetched) by group id and partition
     for minutes: each batch reads with the source's group id, so a backlog drained in many
     batches reuses one consumer per partition instead of adding one per partition per batch
-    (which grew a 20M-event backlog's heap by ~5 MB a batch)."""
+    (the pool may evict older, idle consumers meanwhile: the growth is a bound)."""
     topic = new_topic(kafka, 2)
     produce(kafka, topic, [(i % 2, i, "c") for i in range(24)])
     s = kafka_settings(settings, kafka, topic)
     before, _ = _spark_kafka_consumers(spark, s.source.group_id, topic, 2)
     assert run_ingest(s).batches == 6
     after, ours = _spark_kafka_consumers(spark, s.source.group_id, topic, 2)
-    assert (ours, after - before) == (2, 2)
+    assert ours == 2 and after - before <= 2
 
 
 def event_hubs_endpoint(kafka) -> dict:
