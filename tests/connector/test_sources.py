@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from connector.sources import share
-from connector.sources.kafka import spark_kafka_options
+from connector.sources.kafka import read_options, spark_kafka_options
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=3), st.integers(-5, 10_000), max_size=8), st.integers(1, 5_000))
@@ -66,3 +66,11 @@ def test_a_batch_shares_its_events_among_the_partitions_in_proportion_to_their_l
 )
 def test_librdkafka_settings_become_the_java_clients(settings, expected):
     assert spark_kafka_options(settings) == expected
+
+
+def test_every_kafka_read_shares_the_group_and_fetches_in_large_chunks_unless_told_otherwise():
+    plain = read_options("cdclake-g", {"bootstrap.servers": "127.0.0.1:1"}, fail_on_data_loss=True)
+    assert plain["kafka.group.id"] == "cdclake-g" and plain["failOnDataLoss"] == "true"
+    assert plain["kafka.max.partition.fetch.bytes"] == str(8 << 20) and plain["kafka.receive.buffer.bytes"] == "-1"
+    told = read_options("g", {"max.partition.fetch.bytes": "1048576"}, fail_on_data_loss=False)
+    assert told["kafka.max.partition.fetch.bytes"] == "1048576" and told["failOnDataLoss"] == "false"
