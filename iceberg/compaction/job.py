@@ -24,7 +24,10 @@ tombstones yields the same changes, so the result equals one clean run.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import reduce
 
@@ -84,9 +87,40 @@ def compact(
     now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)  # naive: UTC
     lease = leases.acquire(catalog, names.state, "compaction", wait)  # type: ignore[arg-type]
     try:
-        return Round(spark, catalog, names, policy, now, lease).run(force)
+        with releasing_checkpoints(spark):
+            return Round(spark, catalog, names, policy, now, lease).run(force)
     finally:
         lease.release()
+
+
+class _Rounds:
+    """The rounds running in this process, and the RDDs persisted before the first began."""
+
+    lock = threading.Lock()
+    running = 0
+    before: set[int] = set()
+
+
+@contextmanager
+def releasing_checkpoints(spark: SparkSession) -> Iterator[None]:
+    """The local checkpoints made inside the block are released when it ends (else their
+    blocks stay in Spark's block manager, spilling to disk, until the JVM's garbage
+    collector happens to find their RDDs: round after round in a long `run --every`).
+    Rounds that overlap in one process release theirs when the last of them ends."""
+    jsc = spark.sparkContext._jsc
+    with _Rounds.lock:
+        if not _Rounds.running:
+            _Rounds.before = set(jsc.getPersistentRDDs().keySet())
+        _Rounds.running += 1
+    try:
+        yield
+    finally:
+        with _Rounds.lock:
+            _Rounds.running -= 1
+            if not _Rounds.running:
+                for rdd_id, rdd in jsc.getPersistentRDDs().items():
+                    if rdd_id not in _Rounds.before:
+                        rdd.unpersist(False)
 
 
 class Round:

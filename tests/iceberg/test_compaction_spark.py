@@ -119,6 +119,21 @@ def test_stale_event_in_a_later_round_is_counted_and_ignored(spark, settings, tm
     assert json.loads(summary["cdclake.stale"]) == {"older_than_state": 1, "snapshot_after_stream": 1}
 
 
+def test_a_round_releases_the_checkpoints_it_made(spark, settings, tmp_path):
+    f = tmp_path / "in.jsonl"
+    first = [_pg("c", 1, 10), _pg("u", 1, 20), _pg("c", 2, 30)]
+    keys = [{"id": 1}] * 2 + [{"id": 2}]
+    s = with_source(settings, write_lines(f, kcat_lines("db.s.things", first, keys)))
+    run_ingest(s)
+    compact_table(spark, s, "things")
+    write_lines(f, kcat_lines("db.s.things", first + [_pg("u", 1, 15), _pg("u", 2, 40)], keys + keys[1:]))
+    run_ingest(s)
+    pinned = set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
+    report = compact_table(spark, s, "things")  # held rows, winners, changes and stale rows: checkpointed
+    assert report.stale == 1 and report.upserts == 1
+    assert set(spark.sparkContext._jsc.getPersistentRDDs().keySet()) == pinned
+
+
 def _truncate(lsn):
     return json.dumps({"op": "t", "source": {"connector": "postgresql", "table": "things", "lsn": lsn}})
 
