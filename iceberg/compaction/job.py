@@ -254,10 +254,13 @@ class Round:
         found, self.ranked, self.report.keys, self.report.stale = winners.newest(
             candidates, ordered, held_rows, self.dirty, packing, ordering, multi_topic, self.step
         )
-        # the counts and the after-image signatures come with the checkpoint's own job
+        # the counts and the after-image signatures come with the checkpoint's own job; one
+        # partition per core (the winners come in one per split of the log, 88 at 10M events,
+        # and each would be a file of its own where the state is written by INSERT)
         upsert, observed = F.col("_action") == "upsert", Observation("cdclake_changes")
         self.changes = (
             dedupe.resolve(found, self.truncate, ordering)
+            .coalesce(self.spark.sparkContext.defaultParallelism)
             .observe(
                 observed,
                 F.count(F.lit(1)).alias("n"),

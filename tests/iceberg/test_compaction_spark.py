@@ -134,6 +134,19 @@ def test_a_round_releases_the_checkpoints_it_made(spark, settings, tmp_path):
     assert set(spark.sparkContext._jsc.getPersistentRDDs().keySet()) == pinned
 
 
+def test_a_first_round_writes_the_state_in_a_file_per_core_however_the_log_is_split(spark, settings, tmp_path):
+    lines = kcat_lines("db.s.things", [_pg("c", i, 10 + i) for i in range(12)], [{"id": i} for i in range(12)])
+    s = with_source(settings, write_lines(tmp_path / "in.jsonl", lines))
+    s = s.model_copy(update={"source": s.source.model_copy(update={"batch_size": 2})})
+    run_ingest(s)
+    t = names(s, "things")
+    with load_catalog(s).load_table(t.log).transaction() as tx:  # a split per file: the winners in many partitions
+        tx.set_properties({"read.split.target-size": "1"})
+    compact_table(spark, s, "things")
+    assert offsets_by_key(s, t.state) == expected_tables(decoded(tmp_path / "in.jsonl", s), "source")[0]
+    assert load_catalog(s).load_table(t.state).inspect.files().num_rows <= spark.sparkContext.defaultParallelism
+
+
 def _truncate(lsn):
     return json.dumps({"op": "t", "source": {"connector": "postgresql", "table": "things", "lsn": lsn}})
 
