@@ -106,7 +106,8 @@ def releasing_checkpoints(spark: SparkSession) -> Iterator[None]:
     """The local checkpoints made inside the block are released when it ends (else their
     blocks stay in Spark's block manager, spilling to disk, until the JVM's garbage
     collector happens to find their RDDs: round after round in a long `run --every`).
-    Rounds that overlap in one process release theirs when the last of them ends."""
+    Rounds that overlap in one process release theirs when the last of them ends; what
+    other code persists in the same session while a round runs is released with them."""
     jsc = spark.sparkContext._jsc
     with _Rounds.lock:
         if not _Rounds.running:
