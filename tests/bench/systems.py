@@ -79,6 +79,14 @@ def produce_to_kafka(bootstrap: str, topic: str, src: Path, partitions: int) -> 
     return n
 
 
+def delete_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held until the answer came
+    for f in admin.delete_topics([topic]).values():
+        f.result(60)
+
+
 def log_rows(settings: Settings) -> int:
     t = load_catalog(settings).load_table(f"{settings.catalog.namespace}.items__log")
     return t.scan(selected_fields=("sequence_number",)).to_arrow().num_rows

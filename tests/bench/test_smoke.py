@@ -3,6 +3,8 @@ rows (run_once asserts it). Timing is printed by the benchmark, never asserted h
 
 import pytest
 
+from connector.core.config import load_settings
+from iceberg.catalog import load_catalog
 from tests.bench.__main__ import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -35,6 +37,9 @@ def test_benchmark_smoke(spark, work_root, tmp_path):
     assert len(fig["ours_runs_s"]) == len(fig["naive_merge_runs_s"]) == len(fig["ours_rounds_s"]) == 2
     assert round(fig["ours_s"], 2) in fig["ours_runs_s"] and fig["naive_merge_s"] in fig["naive_merge_runs_s"]
     assert (tmp_path / "results.json").exists() and not list(tmp_path.glob("n*-k*")), "a run's inputs are left on disk"
+    catalog = load_catalog(load_settings(work_dir=work_root))
+    left = [t for (ns, *_) in catalog.list_namespaces() if ns.startswith("bench_") for t in catalog.list_tables(ns)]
+    assert not left, "a run's tables are left in the lake"
 
 
 @pytest.mark.slow
