@@ -127,17 +127,25 @@ def refuse(
     return changes.where(~is_refused), n
 
 
-def write_sql(target: str, source: str, columns: list[str], keep: str, has_rows: bool) -> str:
+def literal(text: str) -> str:
+    """`text` as a Spark SQL string literal (a backslash escapes; every other character stands)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def write_sql(target: str, source: str, columns: list[str], keep: str, held: list[str] | None) -> str:
     """MERGE the changes into `target`: the key's row is written where `_action` is `keep`,
-    removed for any other action; into a table without rows, INSERT the rows it keeps (the
-    same result without the join a MERGE plans)."""
+    removed for any other action. `held`: the keys among the changes' that `target` holds,
+    named in the join so that only their rows meet the changes (the rest of the table is
+    filtered out as it is read, not shuffled); none held, INSERT the rows it keeps (the same
+    result without a join); None, join the whole table."""
     q = schema.quote
-    if not has_rows:
+    if held == []:
         cols = ", ".join(map(q, columns))
         return f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {source} WHERE _action = '{keep}'"
     sets = ", ".join(f"t.{q(c)} = s.{q(c)}" for c in columns)
+    named = f" AND t._key IN ({', '.join(map(literal, held))})" if held else ""
     return (
-        f"MERGE INTO {target} t USING {source} s ON t._key = s._key "
+        f"MERGE INTO {target} t USING {source} s ON t._key = s._key{named} "
         f"WHEN MATCHED AND s._action <> '{keep}' THEN DELETE "
         f"WHEN MATCHED AND s._action = '{keep}' THEN UPDATE SET {sets} "
         f"WHEN NOT MATCHED AND s._action = '{keep}' THEN INSERT ({', '.join(map(q, columns))}) "

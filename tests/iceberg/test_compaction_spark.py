@@ -15,6 +15,7 @@ import pytest
 from connector.app import policy_of
 from connector.core.config import TableConfig
 from iceberg.catalog import load_catalog
+from iceberg.compaction import job, writes
 from iceberg.compaction.stats import clean_bytes, cleaner_points
 from iceberg.log_writer import committed_positions
 from iceberg.maintenance import MaintenancePolicy, shape_of
@@ -145,6 +146,38 @@ def test_a_first_round_writes_the_state_in_a_file_per_core_however_the_log_is_sp
     compact_table(spark, s, "things")
     assert offsets_by_key(s, t.state) == expected_tables(decoded(tmp_path / "in.jsonl", s), "source")[0]
     assert load_catalog(s).load_table(t.state).inspect.files().num_rows <= spark.sparkContext.defaultParallelism
+
+
+ODD_KEYS = ["plain", "it's", "back\\slash", "\\'", "50\\%_x", "line\nbreak", "ünï €"]
+
+
+def test_a_key_of_any_characters_is_written_in_sql_as_itself(spark):
+    assert [spark.sql("SELECT " + writes.literal(k)).first()[0] for k in ODD_KEYS] == ODD_KEYS
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["held-keys-named", "whole-table-join"])
+def test_a_round_over_held_keys_of_any_characters_ends_as_the_model(spark, settings, tmp_path, monkeypatch, named):
+    """The second round updates, deletes and re-creates keys the first one wrote: its MERGEs
+    join the rows held for them, named in the statement (or the whole tables)."""
+    if not named:
+        monkeypatch.setattr(job, "HELD_KEYS_MAX", 0)
+    first = [kline(i % 2, i // 2, k, _pg("c", k, 10 + i), i) for i, k in enumerate(ODD_KEYS)]
+    first += [kline(0, 4, "it's", _pg("d", "it's", 30), 7), kline(0, 5, "it's", None, 8)]
+    second = [
+        kline(1, 4, "back\\slash", _pg("u", "back\\slash", 40), 9),
+        kline(0, 6, "it's", _pg("c", "it's", 41), 10),
+        kline(0, 7, "\\'", _pg("d", "\\'", 42), 11),
+        kline(0, 8, "\\'", None, 12),
+        kline(1, 5, "new'\\", _pg("c", "new'\\", 43), 13),
+    ]
+    s = with_source(settings, write_lines(tmp_path / "in.jsonl", first + second))
+    for n in (len(first), None):
+        run_ingest(s, max_records=n)
+        compact_table(spark, s, "things")
+    state, tombstones = expected_tables(decoded(tmp_path / "in.jsonl", s), "source")
+    t = names(s, "things")
+    assert (offsets_by_key(s, t.state), offsets_by_key(s, t.tombstones)) == (state, tombstones)
+    assert len(state) == len(ODD_KEYS) and len(tombstones) == 1
 
 
 def _truncate(lsn):
