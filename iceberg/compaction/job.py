@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import reduce
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -147,6 +148,7 @@ class Round:
         self.table_truncate: Truncate | None = None  # the marker after the round
         self.late: DataFrame | None = None  # changes older than the marker: stale
         self.held_rows: DataFrame | None = None
+        self.held_bounds: dict[str, Any] = {}
         self.held_tables: set[str] = set()
         self.held_keys: dict[str, list[str]] = {}  # per table, the keys it holds among the round's
         self.ranked: DataFrame | None = None
@@ -234,7 +236,14 @@ class Round:
                 if not (self.truncate is not None and op is None):
                     rows = rows.join(keys, "_key", "left_semi")
                 frames.append(winners.held(rows, op))
-            self.held_rows = reduce(DataFrame.unionByName, frames).localCheckpoint(eager=True)
+            # their packing bounds come with the checkpoint's own job
+            bounds = Observation("cdclake_held_bounds")
+            self.held_rows = (
+                reduce(DataFrame.unionByName, frames)
+                .observe(bounds, *winners.candidate_bounds(self.policy.ordering))
+                .localCheckpoint(eager=True)
+            )
+            self.held_bounds = bounds.get
             if self.truncate is None:
                 found = self.held_rows.select("_key", F.col("_op") == "d").limit(HELD_KEYS_MAX + 1).collect()
                 if len(found) <= HELD_KEYS_MAX:
@@ -252,12 +261,7 @@ class Round:
         )
         bounds = reduce(dedupe.merge_bounds, [r.bounds for r in self.ranges if r.bounds is not None])
         if held_rows is not None:
-            bounds = dedupe.merge_bounds(
-                bounds,
-                winners.frame_bounds(
-                    held_rows, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"), ordering
-                ),
-            )
+            bounds = dedupe.merge_bounds(bounds, self.held_bounds)
         # the packed route cannot tell which changes arrived after a newer one (stale)
         packed = self.policy.packed and all(r.monotone for r in self.ranges)
         packing = dedupe.Packing.of(bounds) if packed else None

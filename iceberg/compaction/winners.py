@@ -5,7 +5,6 @@ route (the window), and the winners' after-images read back from the log."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
@@ -68,12 +67,11 @@ def _first(frame: DataFrame) -> Row:
     return row
 
 
-def frame_bounds(
-    frame: DataFrame, position: Column, partition: Column, seq: Column, ordering: Ordering
-) -> dict[str, Any]:
-    """The packing bounds of a frame of candidates (`dedupe.bounds_columns`)."""
-    pos = position if ordering == "source" else F.lit(None).cast(dedupe.POSITION_TYPE)
-    return _first(frame.agg(*dedupe.bounds_columns(pos, partition, seq))).asDict()
+def candidate_bounds(ordering: Ordering) -> list[Column]:
+    """`dedupe.bounds_columns` over a frame of candidates (positions only under the source
+    ordering): their aggregate is the frame's packing bounds."""
+    pos = F.col("_source_position") if ordering == "source" else F.lit(None).cast(dedupe.POSITION_TYPE)
+    return dedupe.bounds_columns(pos, F.col("_partition_id"), F.col("_sequence_number"))
 
 
 def general(candidates: DataFrame, dirty: DataFrame, ordering: Ordering) -> tuple[DataFrame, DataFrame, int, int]:

@@ -33,15 +33,13 @@ def merge(spark: SparkSession, sql: str, properties: dict[str, str]) -> None:
 
 def write(spark: SparkSession, catalog: Catalog, name: str, sql: str, properties: dict[str, str]) -> None:
     """Runs `sql`, a write to table `name`, with `properties` in its snapshot's summary. Where
-    Spark made no snapshot (nothing changed) or one without them (a DELETE of whole files,
-    which Iceberg commits without the session's snapshot properties), an empty commit
-    records them."""
-    before = catalog.load_table(name).current_snapshot()
+    the current snapshot after it does not record them (Spark made none, nothing changed, or
+    one without them: a DELETE of whole files, which Iceberg commits without the session's
+    snapshot properties), an empty commit records them."""
     merge(spark, sql, properties)
     table = catalog.load_table(name)
     after = table.current_snapshot()
-    fresh = after is not None and (before is None or after.snapshot_id != before.snapshot_id)
-    summary = after.summary.additional_properties if fresh and after and after.summary else {}
+    summary = after.summary.additional_properties if after and after.summary else {}
     if properties and not properties.items() <= summary.items():
         with table.transaction() as tx:
             tx.append(table.schema().as_arrow().empty_table(), snapshot_properties=properties)

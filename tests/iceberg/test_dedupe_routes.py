@@ -167,16 +167,13 @@ def frame(spark, rows, width):
 def test_packed_winners_equal_the_general_route(spark, rows, width, ordering):
     import numpy as np
     import pyarrow as pa
-    from pyspark.sql import functions as F
 
     from iceberg.compaction.stats import in_order, segment
-    from iceberg.compaction.winners import frame_bounds
+    from iceberg.compaction.winners import candidate_bounds
 
     df = frame(spark, rows, width)
     general = {r["_key"]: r for r in dedupe.latest_per_key(dedupe.rank(df, ordering)).collect()}
-    packing = Packing.of(
-        frame_bounds(df, F.col("_source_position"), F.col("_partition_id"), F.col("_sequence_number"), ordering)
-    )
+    packing = Packing.of(df.agg(*candidate_bounds(ordering)).first().asDict())
     assert packing is not None
     packed = {r["_key"]: r for r in dedupe.packed_latest(df, packing, ordering).collect()}
     assert packed.keys() == general.keys()
