@@ -9,8 +9,9 @@
    window) and what it does (upsert, delete, truncate); `record_stale`: the stale events;
 4. `evolve_schema`: the columns the state can hold (the rest of the events: dead letters);
 5. `write_tombstones` (MERGE), `write_stale`; 6. `write_state`: MERGE the state with the new
-   cleaner points and truncate marker in the same snapshot (into a table without rows, 5
-   and 6 INSERT);
+   cleaner points and truncate marker in the same snapshot (into a table that holds none of
+   the round's keys, 5 and 6 INSERT; each MERGE names the keys its table holds, up to
+   `HELD_KEYS_MAX`);
 7. `purge` expired tombstones; `trim_log`: log and dead-letter rows past the log retention
    that no key needs (below the cleaner point, not a winner, not a truncate); 8.
    `maintain`: rewrite small files (the log's manifests) and expire old snapshots when due
