@@ -246,7 +246,7 @@ class Round:
             )
             self.held_bounds = bounds.get
             if self.truncate is None:
-                found = self.held_rows.select("_key", F.col("_op") == "d").limit(HELD_KEYS_MAX + 1).collect()
+                found = self.held_rows.select("_key", F.col("_op").eqNullSafe("d")).limit(HELD_KEYS_MAX + 1).collect()
                 if len(found) <= HELD_KEYS_MAX:
                     for name, op in held:
                         self.held_keys[name] = [k for k, d in found if d == (op == "d")]
