@@ -15,7 +15,9 @@ partition is past its offset (every event below a cleaner point is in that snaps
 run reports p50 / p95 / p99 / max per rate, and whether the job sustains the rate: the lag
 does not grow, i.e. the slope of latency against produce time stays under 0.1 s per s (a
 job that keeps up with 90% of the rate or more). The producer shares the 2 cores with the
-job. At the end the state must hold exactly the keys the producer left alive.
+job. At the end the state must hold exactly the keys the producer left alive. With
+`--repeat N` every rate runs N times, the rates interleaved, and each figure is the median of
+its runs, shown with their range; a rate counts as sustained only if every run sustained it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -224,6 +227,30 @@ def run_rate(broker, root: Path, rate: int, args) -> dict:
     return fig
 
 
+FIGURES = ("achieved_rate", "events", "rounds", "reached", "not_reached")
+FIGURES += ("p50_s", "p95_s", "p99_s", "max_s", "lag_slope")
+
+
+def summarize(runs: list[dict]) -> dict:
+    """One rate's runs as one figure: each number the median of the runs that have it (the
+    higher one of an even count), sustained only if every run was; the runs kept beside."""
+    fig = {k: runs[0][k] for k in ("rate", "seconds", "keys")}
+    for k in FIGURES:
+        if values := [r[k] for r in runs if k in r]:
+            fig[k] = statistics.median_high(values)
+    fig["sustained"] = all(r["sustained"] for r in runs)
+    fig["runs"] = runs
+    return fig
+
+
+def ranged(fig: dict, key: str) -> str:
+    """A figure with the range of its runs, where there are several."""
+    values = [r[key] for r in fig.get("runs", []) if key in r]
+    if key not in fig:
+        return "-"
+    return f"{fig[key]:.1f}" + (f" ({min(values):.1f} - {max(values):.1f})" if len(values) > 1 else "")
+
+
 def chart(figs: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -256,14 +283,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--width", type=int, default=100, help="padding of each row (bytes)")
     ap.add_argument("--every", type=float, default=1.0, help="cdclake run --every")
     ap.add_argument("--drain", type=float, default=120, help="seconds to wait for the last events after the stream")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every rate this many times, the rates interleaved, and report each figure's median and range",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench-results/freshness"))
     args = ap.parse_args(argv)
-    figs = []
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: run each rate at least once")
+    runs: dict[int, list[dict]] = {rate: [] for rate in args.rates}
     with broker_under(args.out) as (root, broker):
-        for rate in args.rates:
-            figs.append(run_rate(broker, root, rate, args))
-            console.print(figs[-1])
-            (root / "freshness.json").write_text(json.dumps(figs, indent=1))
+        for i in range(args.repeat):
+            for rate in args.rates:
+                runs[rate].append(run_rate(broker, root, rate, args))
+                console.print(f"run {i + 1} of {args.repeat}:", runs[rate][-1])
+                figs = [summarize(r) for r in runs.values() if r]
+                (root / "freshness.json").write_text(json.dumps(figs, indent=1))
     t = Table(
         "events/s", "produced/s", "events", "rounds", "p50 s", "p95 s", "p99 s", "max s", "lag slope", "sustained"
     )
@@ -274,9 +311,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{f['achieved_rate']:,}",
             f"{f['events']:,}",
             str(f["rounds"]),
-            *(f"{f[q]:.1f}" if q in f else "-" for q in ("p50_s", "p95_s", "p99_s", "max_s")),
+            *(ranged(f, q) for q in ("p50_s", "p95_s", "p99_s", "max_s")),
             f"{f.get('lag_slope', float('nan')):.3f}",
-            "yes" if f["sustained"] else f"no ({f['not_reached']:,} not reached)",
+            "yes" if f["sustained"] else f"no ({f['not_reached']:,} not reached, median)",
         )
     console.print(t)
     at20k = [f for f in figs if f["rate"] == 20_000 and "p99_s" in f]
