@@ -150,8 +150,9 @@ class Round:
         self.late: DataFrame | None = None  # changes older than the marker: stale
         self.held_rows: DataFrame | None = None
         self.held_bounds: dict[str, Any] = {}
-        self.held_tables: set[str] = set()
-        self.held_keys: dict[str, list[str]] = {}  # per table, the keys it holds among the round's
+        # per table with rows, the keys it holds among the round's (None: not collected, its
+        # MERGE joins the whole table; a table not here holds none)
+        self.held_keys: dict[str, list[str] | None] = {}
         self.ranked: DataFrame | None = None
         self.stale_rows: DataFrame | None = None
         self.columns: dict[str, str] = {}
@@ -228,7 +229,7 @@ class Round:
         held = [
             (t, op) for t, op in ((self.names.state, None), (self.names.tombstones, "d")) if has_rows(self.catalog, t)
         ]
-        self.held_tables = {name for name, _ in held}
+        self.held_keys = dict.fromkeys(name for name, _ in held)
         if held:
             keys = self.narrow.select("_key").distinct()
             frames = []
@@ -392,16 +393,11 @@ class Round:
             "cdclake_tomb_changes",
             meta + [n for n, _ in TOMBSTONE_EXTRA],
             "delete",
-            self.held(tombstones),
+            self.held_keys.get(tombstones, []),
         )
         writes.write(self.spark, self.catalog, tombstones, sql, self.recorded(tombstones))
         self.step("merge tombstones")
         crash_point("compact.after-tombstones")
-
-    def held(self, name: str) -> list[str] | None:
-        """The keys table `name` holds among the round's (None: not known, its MERGE joins the
-        whole table)."""
-        return self.held_keys.get(name) if name in self.held_tables else []
 
     def write_stale(self) -> None:
         """The stale events into `<t>__stale` (idempotent: a replayed round finds them there)."""
@@ -437,7 +433,7 @@ class Round:
             "cdclake_changes",
             meta + list(self.columns),
             "upsert",
-            self.held(names.state),
+            self.held_keys.get(names.state, []),
         )
         writes.write(self.spark, catalog, names.state, sql, props)  # every event stale: the properties alone
         self.step("merge state")
