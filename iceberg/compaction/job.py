@@ -73,7 +73,7 @@ from quotas.metrics import STALE
 
 log = logging.getLogger(__name__)
 # A round holding at most this many rows for its keys names them in its MERGEs (each key a
-# literal in the statement: about 30 us a key to parse, against a shuffle of the whole table)
+# literal in the statement: about 15 us a key to parse, against a shuffle of the whole table)
 HELD_KEYS_MAX = 20_000
 
 
