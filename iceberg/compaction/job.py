@@ -61,8 +61,8 @@ from iceberg.compaction.retention import trim
 from iceberg.compaction.stats import (
     CLEANER_POINTS_PROPERTY,
     STREAM_BYTES_PROPERTY,
-    clean_bytes,
     cleaner_points,
+    held_bytes,
     load_optional,
     stream_stats,
 )
@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 # A round holding at most this many rows for its keys names them in its MERGEs (each key a
 # literal in the statement: about 15 us a key to parse, against a shuffle of the whole table)
 HELD_KEYS_MAX = 20_000
+# A round of at most this many events sends its keys to the held-rows lookup's every task
+BROADCAST_ROUND = 100_000
 
 
 def compact(
@@ -182,7 +184,7 @@ class Round:
         """1. Per stream, the cleanable range and whether it is due, with its packing bounds,
         truncates and order (the planner's one pyiceberg scan of the log)."""
         names = self.names
-        self.bytes = {t: clean_bytes(load_optional(self.catalog, t)) for t in (names.state, names.tombstones)}
+        self.bytes = {t: held_bytes(load_optional(self.catalog, t)) for t in (names.state, names.tombstones)}
         clean = {
             s: self.bytes[names.state].get(s, 0) + self.bytes[names.tombstones].get(s, 0)
             for s in set(self.bytes[names.state]) | set(self.bytes[names.tombstones])
@@ -231,7 +233,9 @@ class Round:
         ]
         self.held_keys = dict.fromkeys(name for name, _ in held)
         if held:
-            keys = self.narrow.select("_key").distinct()
+            keys = self.narrow.select("_key")
+            # a small round's keys go to every task as they are (no shuffle to make them distinct)
+            keys = F.broadcast(keys) if self.report.events <= BROADCAST_ROUND else keys.distinct()
             frames = []
             for name, op in held:
                 rows = self.spark.table(self.names.spark(name))

@@ -103,6 +103,13 @@ def recorded_bytes(table: Table | None) -> dict[str, int] | None:
     return {k: int(v) for k, v in json.loads(raw).items()}
 
 
+def held_bytes(table: Table | None) -> dict[str, int]:
+    """Bytes per stream a state or tombstone table holds: as its commits recorded them, or,
+    for one written without a record, counted from its rows."""
+    recorded = recorded_bytes(table)
+    return recorded if recorded is not None else clean_bytes(table)
+
+
 def logged_bytes(log: Table, points: dict[str, int]) -> dict[str, int]:
     """Bytes per stream in the log at or past the stream's cleaner point (all of it without one)."""
     streams = sorted(committed_positions(log))
@@ -138,7 +145,7 @@ def quota_usage(catalog: Catalog, names: TableNames) -> dict[str, int]:
     try:
         state, tombstones = load_optional(catalog, names.state), load_optional(catalog, names.tombstones)
         points = cleaner_points(state)
-        held = [b if (b := recorded_bytes(t)) is not None else clean_bytes(t) for t in (state, tombstones)]
+        held = [held_bytes(state), held_bytes(tombstones)]
     except TableUnreadableError as e:
         log.warning("%s; until then quota usage counts every byte of the log of %s", e, names.table)
         points, held = {}, []
@@ -318,7 +325,10 @@ def stream_stats(
         for stream, mine in _per_stream(rows, points, streams):
             _add(totals[stream], mine, young.get(stream), policy if bounds else None)
     if clean is None:
-        clean = clean_bytes(state, load_optional(catalog, names.tombstones))
+        clean = defaultdict(int)
+        for t in (state, load_optional(catalog, names.tombstones)):
+            for s, b in held_bytes(t).items():
+                clean[s] += b
     out = []
     for stream, d in totals.items():
         point = points.get(stream, 0)

@@ -12,7 +12,7 @@ import pytest
 from connector.app import policy_of
 from iceberg.catalog import load_catalog
 from iceberg.compaction.dedupe import arrow_bounds
-from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, stream_stats
+from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, STREAM_BYTES_PROPERTY, stream_stats
 from tests.conftest import kcat_lines
 from tests.iceberg.helpers import NOW, names, run_ingest, with_source, write_lines
 
@@ -118,6 +118,15 @@ def test_stream_stats_read_a_few_files_at_a_time_match_the_whole_range(settings,
         assert {g.stream: g.clean_bytes for g in got} == {f"{TOPIC}:0": 0, f"{TOPIC}:1": 77, f"{TOPIC}:2": 0}
         # every stream comes in order, however its files are listed and chunked (the packed route)
         assert all(g.monotone for g in got), chunk_rows
+    # a state whose commits record the bytes they hold is not read for them: the record counts
+    # (1000 where its rows hold 23)
+    recorded = {f"{TOPIC}:1": 77, f"{TOPIC}:2": 1000}
+    state.append(
+        pa.table({"_topic": [TOPIC], "_partition_id": [2], "_payload_bytes": [23]}, schema=state.schema().as_arrow()),
+        snapshot_properties={CLEANER_POINTS_PROPERTY: json.dumps(points), STREAM_BYTES_PROPERTY: json.dumps(recorded)},
+    )
+    got = stream_stats(catalog, t, policy, NOW)
+    assert {g.stream: g.clean_bytes for g in got} == {f"{TOPIC}:0": 0, **recorded}
     # what the test exercises: young events end two ranges early, truncates are counted
     assert [v[1] for v in expected.values()] == [151, 240, 61]
     assert all(v[7] for v in expected.values())
