@@ -107,7 +107,7 @@ def shape_of(table: Table) -> TableShape:
 
 
 def sql_literal(text: str) -> str:
-    """A Spark SQL string literal of `text`."""
+    """`text` as a Spark SQL string literal (a backslash escapes; every other character stands)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 

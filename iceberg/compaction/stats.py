@@ -103,11 +103,15 @@ def recorded_bytes(table: Table | None) -> dict[str, int] | None:
     return {k: int(v) for k, v in json.loads(raw).items()}
 
 
-def held_bytes(table: Table | None) -> dict[str, int]:
-    """Bytes per stream a state or tombstone table holds: as its commits recorded them, or,
-    for one written without a record, counted from its rows."""
-    recorded = recorded_bytes(table)
-    return recorded if recorded is not None else clean_bytes(table)
+def held_bytes(*tables: Table | None) -> dict[str, int]:
+    """Bytes per stream the state and tombstone tables hold: as each one's commits recorded
+    them, or, for one written without a record, counted from its rows."""
+    out: dict[str, int] = defaultdict(int)
+    for t in tables:
+        recorded = recorded_bytes(t)
+        for stream, n in (recorded if recorded is not None else clean_bytes(t)).items():
+            out[stream] += n
+    return dict(out)
 
 
 def logged_bytes(log: Table, points: dict[str, int]) -> dict[str, int]:
@@ -145,14 +149,13 @@ def quota_usage(catalog: Catalog, names: TableNames) -> dict[str, int]:
     try:
         state, tombstones = load_optional(catalog, names.state), load_optional(catalog, names.tombstones)
         points = cleaner_points(state)
-        held = [held_bytes(state), held_bytes(tombstones)]
+        held = held_bytes(state, tombstones)
     except TableUnreadableError as e:
         log.warning("%s; until then quota usage counts every byte of the log of %s", e, names.table)
-        points, held = {}, []
+        points, held = {}, {}
     out = logged_bytes(log_table, points)
-    for h in held:
-        for stream, n in h.items():
-            out[stream] += n
+    for stream, n in held.items():
+        out[stream] += n
     return {s: n for s, n in out.items() if n}
 
 
@@ -325,10 +328,7 @@ def stream_stats(
         for stream, mine in _per_stream(rows, points, streams):
             _add(totals[stream], mine, young.get(stream), policy if bounds else None)
     if clean is None:
-        clean = defaultdict(int)
-        for t in (state, load_optional(catalog, names.tombstones)):
-            for s, b in held_bytes(t).items():
-                clean[s] += b
+        clean = held_bytes(state, load_optional(catalog, names.tombstones))
     out = []
     for stream, d in totals.items():
         point = points.get(stream, 0)

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from iceberg.compaction import schema
 from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, TableNames
 from iceberg.log_writer import upgrade
+from iceberg.maintenance import sql_literal
 from quotas.metrics import DEAD_LETTERS
 
 log = logging.getLogger(__name__)
@@ -125,11 +126,6 @@ def refuse(
     return changes.where(~is_refused), n
 
 
-def literal(text: str) -> str:
-    """`text` as a Spark SQL string literal (a backslash escapes; every other character stands)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def write_sql(target: str, source: str, columns: list[str], keep: str, held: list[str] | None) -> str:
     """MERGE the changes into `target`: the key's row is written where `_action` is `keep`,
     removed for any other action. `held`: the keys among the changes' that `target` holds,
@@ -141,7 +137,7 @@ def write_sql(target: str, source: str, columns: list[str], keep: str, held: lis
         cols = ", ".join(map(q, columns))
         return f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {source} WHERE _action = '{keep}'"
     sets = ", ".join(f"t.{q(c)} = s.{q(c)}" for c in columns)
-    named = f" AND t._key IN ({', '.join(map(literal, held))})" if held else ""
+    named = f" AND t._key IN ({', '.join(map(sql_literal, held))})" if held else ""
     return (
         f"MERGE INTO {target} t USING {source} s ON t._key = s._key{named} "
         f"WHEN MATCHED AND s._action <> '{keep}' THEN DELETE "

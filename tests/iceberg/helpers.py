@@ -83,4 +83,30 @@ def decoded(path: Path, settings: Settings):
     return [d.decode(parse_line(json.loads(line))) for line in path.read_text().splitlines() if line.strip()]
 
 
+def pg(op: str, key: int | str, lsn: int, snapshot: str = "false") -> str:
+    """A PostgreSQL connector's change of key `key` of table `things` at LSN `lsn`."""
+    return json.dumps(
+        {
+            "op": op,
+            "before": None,
+            "after": None if op == "d" else {"id": key, "v": lsn},
+            "source": {"connector": "postgresql", "table": "things", "lsn": lsn, "snapshot": snapshot},
+        }
+    )
+
+
+def kline(part: int, offset: int, key: int | str | None, value: str | None, ts: int) -> str:
+    """One kcat -J line on a partition of topic db.s.things."""
+    return json.dumps(
+        {
+            "topic": "db.s.things",
+            "partition": part,
+            "offset": offset,
+            "ts": 1_700_000_000_000 + ts,
+            "key": None if key is None else json.dumps({"id": key}),
+            "payload": value,
+        }
+    )
+
+
 __all__ = ["run_ingest", "NOW"]

@@ -15,18 +15,20 @@ import pytest
 from connector.app import policy_of
 from connector.core.config import TableConfig
 from iceberg.catalog import load_catalog
-from iceberg.compaction import job, writes
+from iceberg.compaction import job
 from iceberg.compaction.stats import clean_bytes, cleaner_points
 from iceberg.log_writer import committed_positions
-from iceberg.maintenance import MaintenancePolicy, shape_of
+from iceberg.maintenance import MaintenancePolicy, shape_of, sql_literal
 from tests.conftest import kcat_lines
 from tests.iceberg.helpers import (
     NOW,
     assert_recorded_bytes_are_held,
     compact_table,
     decoded,
+    kline,
     names,
     offsets_by_key,
+    pg,
     run_ingest,
     with_source,
     write_lines,
@@ -85,24 +87,13 @@ def test_fixture_stream_compacts_to_the_model(spark, settings, fixtures, tmp_pat
     assert pa.types.is_integer(rows.schema.field("id").type)
 
 
-def _pg(op, key, lsn, snapshot="false"):
-    return json.dumps(
-        {
-            "op": op,
-            "before": None,
-            "after": None if op == "d" else {"id": key, "v": lsn},
-            "source": {"connector": "postgresql", "table": "things", "lsn": lsn, "snapshot": snapshot},
-        }
-    )
-
-
 def test_stale_event_in_a_later_round_is_counted_and_ignored(spark, settings, tmp_path):
     f = tmp_path / "in.jsonl"
-    first = [_pg("c", 1, 10), _pg("u", 1, 20)]
+    first = [pg("c", 1, 10), pg("u", 1, 20)]
     s = with_source(settings, write_lines(f, kcat_lines("db.s.things", first, [{"id": 1}] * 2)))
     run_ingest(s)
     compact_table(spark, s, "things")
-    write_lines(f, kcat_lines("db.s.things", first + [_pg("u", 1, 15), _pg("r", 1, 20, "true")], [{"id": 1}] * 4))
+    write_lines(f, kcat_lines("db.s.things", first + [pg("u", 1, 15), pg("r", 1, 20, "true")], [{"id": 1}] * 4))
     run_ingest(s)
     report = compact_table(spark, s, "things")
     assert report.events == 2, "the first round (an INSERT into the empty state) recorded its cleaner points"
@@ -122,12 +113,12 @@ def test_stale_event_in_a_later_round_is_counted_and_ignored(spark, settings, tm
 
 def test_a_round_releases_the_checkpoints_it_made(spark, settings, tmp_path):
     f = tmp_path / "in.jsonl"
-    first = [_pg("c", 1, 10), _pg("u", 1, 20), _pg("c", 2, 30)]
+    first = [pg("c", 1, 10), pg("u", 1, 20), pg("c", 2, 30)]
     keys = [{"id": 1}] * 2 + [{"id": 2}]
     s = with_source(settings, write_lines(f, kcat_lines("db.s.things", first, keys)))
     run_ingest(s)
     compact_table(spark, s, "things")
-    write_lines(f, kcat_lines("db.s.things", first + [_pg("u", 1, 15), _pg("u", 2, 40)], keys + keys[1:]))
+    write_lines(f, kcat_lines("db.s.things", first + [pg("u", 1, 15), pg("u", 2, 40)], keys + keys[1:]))
     run_ingest(s)
     pinned = set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
     report = compact_table(spark, s, "things")  # held rows, winners, changes and stale rows: checkpointed
@@ -136,7 +127,7 @@ def test_a_round_releases_the_checkpoints_it_made(spark, settings, tmp_path):
 
 
 def test_a_first_round_writes_the_state_in_a_file_per_core_however_the_log_is_split(spark, settings, tmp_path):
-    lines = kcat_lines("db.s.things", [_pg("c", i, 10 + i) for i in range(12)], [{"id": i} for i in range(12)])
+    lines = kcat_lines("db.s.things", [pg("c", i, 10 + i) for i in range(12)], [{"id": i} for i in range(12)])
     s = with_source(settings, write_lines(tmp_path / "in.jsonl", lines))
     s = s.model_copy(update={"source": s.source.model_copy(update={"batch_size": 2})})
     run_ingest(s)
@@ -152,7 +143,7 @@ ODD_KEYS = ["plain", "it's", "back\\slash", "\\'", "50\\%_x", "line\nbreak", "ü
 
 
 def test_a_key_of_any_characters_is_written_in_sql_as_itself(spark):
-    assert [spark.sql("SELECT " + writes.literal(k)).first()[0] for k in ODD_KEYS] == ODD_KEYS
+    assert [spark.sql("SELECT " + sql_literal(k)).first()[0] for k in ODD_KEYS] == ODD_KEYS
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["held-keys-named", "whole-table-join"])
@@ -161,14 +152,14 @@ def test_a_round_over_held_keys_of_any_characters_ends_as_the_model(spark, setti
     join the rows held for them, named in the statement (or the whole tables)."""
     if not named:
         monkeypatch.setattr(job, "HELD_KEYS_MAX", 0)
-    first = [kline(i % 2, i // 2, k, _pg("c", k, 10 + i), i) for i, k in enumerate(ODD_KEYS)]
-    first += [kline(0, 4, "it's", _pg("d", "it's", 30), 7), kline(0, 5, "it's", None, 8)]
+    first = [kline(i % 2, i // 2, k, pg("c", k, 10 + i), i) for i, k in enumerate(ODD_KEYS)]
+    first += [kline(0, 4, "it's", pg("d", "it's", 30), 7), kline(0, 5, "it's", None, 8)]
     second = [
-        kline(1, 4, "back\\slash", _pg("u", "back\\slash", 40), 9),
-        kline(0, 6, "it's", _pg("c", "it's", 41), 10),
-        kline(0, 7, "\\'", _pg("d", "\\'", 42), 11),
+        kline(1, 4, "back\\slash", pg("u", "back\\slash", 40), 9),
+        kline(0, 6, "it's", pg("c", "it's", 41), 10),
+        kline(0, 7, "\\'", pg("d", "\\'", 42), 11),
         kline(0, 8, "\\'", None, 12),
-        kline(1, 5, "new'\\", _pg("c", "new'\\", 43), 13),
+        kline(1, 5, "new'\\", pg("c", "new'\\", 43), 13),
     ]
     s = with_source(settings, write_lines(tmp_path / "in.jsonl", first + second))
     for n in (len(first), None):
@@ -180,117 +171,11 @@ def test_a_round_over_held_keys_of_any_characters_ends_as_the_model(spark, setti
     assert len(state) == len(ODD_KEYS) and len(tombstones) == 1
 
 
-def _truncate(lsn):
-    return json.dumps({"op": "t", "source": {"connector": "postgresql", "table": "things", "lsn": lsn}})
-
-
-def test_truncate_removes_every_older_key_and_writes_no_tombstones(spark, settings, tmp_path):
-    values = [_pg("c", 1, 10), _pg("c", 2, 11), _truncate(12), _pg("c", 3, 13)]
-    s = with_source(
-        settings,
-        write_lines(tmp_path / "in.jsonl", kcat_lines("db.s.things", values, [{"id": 1}, {"id": 2}, None, {"id": 3}])),
-    )
-    run_ingest(s)
-    report = compact_table(spark, s, "things")
-    assert (report.truncates, report.truncated) == (1, 2)
-    assert offsets_by_key(s, names(s, "things").state) == {'{"id":3}': "3"}
-    assert offsets_by_key(s, names(s, "things").tombstones) == {}
-
-
-def kline(part, offset, key, value, ts):
-    """One kcat -J line on a partition of topic db.s.things."""
-    return json.dumps(
-        {
-            "topic": "db.s.things",
-            "partition": part,
-            "offset": offset,
-            "ts": 1_700_000_000_000 + ts,
-            "key": None if key is None else json.dumps({"id": key}),
-            "payload": value,
-        }
-    )
-
-
-# c key 1 (p0); c key 2 (p1); d key 2 and its tombstone (p1); a truncate on p3 (lsn 40)
-DELETE_THEN_TRUNCATE = [
-    kline(0, 0, 1, _pg("c", 1, 10), 0),
-    kline(1, 0, 2, _pg("c", 2, 20), 1),
-    kline(1, 1, 2, _pg("d", 2, 30), 2),
-    kline(1, 2, 2, None, 3),
-    kline(3, 0, None, _truncate(40), 4),
-]
-
-
-@pytest.mark.parametrize("cut", [None, 4, 2])
-def test_a_truncate_keeps_an_earlier_deletes_own_tombstone(spark, settings, tmp_path, cut):
-    """Whichever round the truncate lands in, key 2's tombstone is its own: partition 1, the
-    offset of its tombstone record, the delete's position; key 1 is gone."""
-    s = with_source(settings, write_lines(tmp_path / "in.jsonl", DELETE_THEN_TRUNCATE))
-    for n in [cut, None] if cut else [None]:
-        run_ingest(s, max_records=n)
-        compact_table(spark, s, "things")
-    t = names(s, "things")
-    assert offsets_by_key(s, t.state) == {}
-    rows = load_catalog(s).load_table(t.tombstones).scan().to_arrow().to_pylist()
-    assert [(r["_key"], r["_partition_id"], r["_offset"], r["_source_position"]) for r in rows] == [
-        ('{"id":2}', 1, "2", [30])
-    ]
-
-
-def test_under_log_ordering_a_truncate_compares_enqueued_times(spark, settings, tmp_path):
-    """Round 1: c A (p0), c B (p2). Round 2: a truncate on p1, then c C (p0) enqueued after it:
-    A and B go, C stays, and later events on low partitions are not stale."""
-    lines = [
-        kline(0, 0, 1, _pg("c", 1, 10), 0),
-        kline(2, 0, 2, _pg("c", 2, 11), 1),
-        kline(1, 0, None, _truncate(12), 2),
-        kline(0, 1, 3, _pg("c", 3, 13), 3),
-    ]
-    s = with_source(settings, write_lines(tmp_path / "in.jsonl", lines), ordering="log")
-    run_ingest(s, max_records=2)
-    compact_table(spark, s, "things")
-    run_ingest(s)
-    report = compact_table(spark, s, "things")
-    assert report.truncated == 2 and report.stale == 0
-    assert offsets_by_key(s, names(s, "things").state) == {'{"id":3}': "1"}
-    assert offsets_by_key(s, names(s, "things").tombstones) == {}
-
-
-@pytest.mark.parametrize("ordering", ["source", "log"])
-def test_an_event_older_than_the_truncate_marker_stays_stale_after_tombstones_are_purged(
-    spark, settings, tmp_path, ordering
-):
-    """The truncate is a table-level marker, never purged: a later-arriving change older than
-    it does not resurrect its key, even once every tombstone has expired."""
-    f = tmp_path / "in.jsonl"
-    first = [
-        kline(0, 0, 1, _pg("c", 1, 10), 0),
-        kline(0, 1, 1, _pg("d", 1, 11), 1),
-        kline(0, 2, 1, None, 2),
-        kline(1, 0, None, _truncate(20), 10),
-    ]
-    s = with_source(settings, write_lines(f, first), ordering=ordering, tombstone_retention_hours=1)
-    run_ingest(s)
-    compact_table(spark, s, "things", now=NOW)
-    assert compact_table(spark, s, "things", now=NOW + timedelta(hours=2)).purged == 1
-    # late: key 2 created before the truncate (lsn 15, enqueued at 5), delivered on partition 2 now
-    write_lines(f, first + [kline(2, 0, 2, _pg("c", 2, 15), 5)])
-    run_ingest(s)
-    report = compact_table(spark, s, "things", now=NOW + timedelta(hours=3))
-    assert report.stale_reasons == {"older_than_truncate": 1} and report.upserts == 0
-    t = names(s, "things")
-    assert offsets_by_key(s, t.state) == {} and offsets_by_key(s, t.tombstones) == {}
-    rows = load_catalog(s).load_table(t.stale).scan().to_arrow().to_pylist()
-    assert [(r["_key"], r["_partition_id"], r["_offset"], r["reason"]) for r in rows] == [
-        ('{"id":2}', 2, "0", "older_than_truncate")
-    ]
-
-
 def test_tombstones_guard_within_retention_then_are_purged(spark, settings, tmp_path):
     f = tmp_path / "in.jsonl"
     s = with_source(
         settings,
-        write_lines(f, kcat_lines("db.s.things", [_pg("c", 1, 10), _pg("d", 1, 20), None], [{"id": 1}] * 3)),
+        write_lines(f, kcat_lines("db.s.things", [pg("c", 1, 10), pg("d", 1, 20), None], [{"id": 1}] * 3)),
         tombstone_retention_hours=24,
     )
     run_ingest(s)
@@ -298,7 +183,7 @@ def test_tombstones_guard_within_retention_then_are_purged(spark, settings, tmp_
     tombs = names(s, "things").tombstones
     assert offsets_by_key(s, tombs) == {'{"id":1}': "2"}
     # a late older event inside the window does not resurrect the key
-    late = json.loads(kcat_lines("db.s.things", [_pg("u", 1, 15)], [{"id": 1}])[0]) | {"offset": 3}
+    late = json.loads(kcat_lines("db.s.things", [pg("u", 1, 15)], [{"id": 1}])[0]) | {"offset": 3}
     write_lines(f, f.read_text().splitlines() + [json.dumps(late)])
     run_ingest(s)
     r = compact_table(spark, s, "things", now=NOW + timedelta(hours=23))
@@ -310,7 +195,7 @@ def test_tombstones_guard_within_retention_then_are_purged(spark, settings, tmp_
 
 
 def test_min_compaction_lag_holds_back_young_events(spark, settings, tmp_path):
-    lines = kcat_lines("db.s.things", [_pg("c", 1, 10), _pg("c", 2, 11)], [{"id": 1}, {"id": 2}])
+    lines = kcat_lines("db.s.things", [pg("c", 1, 10), pg("c", 2, 11)], [{"id": 1}, {"id": 2}])
     doc = json.loads(lines[1])
     doc["ts"] = int((NOW - timedelta(seconds=30)).timestamp() * 1000)
     lines[1] = json.dumps(doc)
@@ -334,8 +219,7 @@ def test_maintenance_bounds_files_and_snapshots_and_keeps_the_cleaner_points(spa
 
     def round_of(i: int, maintenance: MaintenancePolicy):
         values.extend(
-            [_pg("c" if i == 0 else "u", k, 10 * i + k) for k in range(3)]
-            + ([_pg("d", 0, 10 * i + 5)] if i == 2 else [])
+            [pg("c" if i == 0 else "u", k, 10 * i + k) for k in range(3)] + ([pg("d", 0, 10 * i + 5)] if i == 2 else [])
         )
         keys.extend([{"id": k} for k in range(3)] + ([{"id": 0}] if i == 2 else []))
         write_lines(f, kcat_lines("db.s.things", values, keys))
@@ -446,7 +330,7 @@ def test_two_compactions_at_once_end_as_one_clean_run(spark, settings, tmp_path)
 
     values, keys = [], []
     for i in range(60):
-        values += [_pg("c", i % 20, 10 + i)] if i % 7 else [_pg("d", i % 20, 10 + i), None]
+        values += [pg("c", i % 20, 10 + i)] if i % 7 else [pg("d", i % 20, 10 + i), None]
         keys += [{"id": i % 20}] * (1 if i % 7 else 2)
     lines = kcat_lines("db.s.things", values, keys)
     f = tmp_path / "in.jsonl"
