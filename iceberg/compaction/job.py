@@ -75,7 +75,8 @@ log = logging.getLogger(__name__)
 # A round holding at most this many rows for its keys names them in its MERGEs (each key a
 # literal in the statement: about 15 us a key to parse, against a shuffle of the whole table)
 HELD_KEYS_MAX = 20_000
-# A round of at most this many events sends its keys to the held-rows lookup's every task
+# A round of at most this many events sends its keys to every task of the held-rows lookup
+# and of the bytes count
 BROADCAST_ROUND = 100_000
 
 
@@ -273,7 +274,15 @@ class Round:
         packing = dedupe.Packing.of(bounds) if packed else None
         multi_topic = len({r.topic for r in self.report.ranges}) > 1
         found, self.ranked, self.report.keys, self.report.stale = winners.newest(
-            candidates, ordered, held_rows, self.dirty, packing, ordering, multi_topic, self.step
+            candidates,
+            ordered,
+            held_rows,
+            self.dirty,
+            packing,
+            ordering,
+            multi_topic,
+            sorted({r.partition for r in self.report.ranges}),
+            self.step,
         )
         # the counts and the after-image signatures come with the checkpoint's own job; one
         # partition per core (the winners come in one per split of the log, 88 at 10M events,
@@ -359,8 +368,11 @@ class Round:
             )
         ]
         if self.held_rows is not None:
+            keys = changes.select("_key")
             frames.append(
-                self.held_rows.join(changes.select("_key"), "_key", "left_semi").select(
+                self.held_rows.join(
+                    F.broadcast(keys) if self.report.events <= BROADCAST_ROUND else keys, "_key", "left_semi"
+                ).select(
                     F.when(F.col("_op") == "d", "t").otherwise("s").alias("_t"),
                     "_topic",
                     "_partition_id",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pyspark.sql import Column, DataFrame, Row
+from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F
 
 from connector.core.ordering import Ordering
@@ -91,27 +91,32 @@ def newest(
     packing: dedupe.Packing | None,
     ordering: Ordering,
     multi_topic: bool,
+    partitions: list[int],
     step: Callable[[str], None],
 ) -> tuple[DataFrame, DataFrame | None, int, int]:
     """The newest candidate per key with its payload, the ranked candidates of the general
     route (for the stale-event log), the number of keys and of stale events. `ordered`: the
-    candidates' `ORDER_COLUMNS` (the packed route's input)."""
+    candidates' `ORDER_COLUMNS` (the packed route's input); `partitions`: those of the
+    round's dirty events."""
     if packing is None:
         step("general route (no packed order key for this round)")
         return general(candidates, dirty, ordering)
-    per_key = dedupe.packed_latest(ordered, packing, ordering).localCheckpoint(eager=True)
-    is_new = ~F.col("_irregular") & ~F.col("_win_held")
-    by_partition = (
-        per_key.groupBy("_partition_id")
-        .agg(
+    # the counts and each partition's first new winner come with the checkpoint's own job
+    is_new, seq = ~F.col("_irregular") & ~F.col("_win_held"), F.col("_sequence_number")
+    seen = Observation("cdclake_per_key")
+    per_key = (
+        dedupe.packed_latest(ordered, packing, ordering)
+        .observe(
+            seen,
             F.count(F.lit(1)).alias("n"),
             F.sum(F.col("_irregular").cast("int")).alias("irr"),
             F.sum(is_new.cast("int")).alias("new"),
-            F.min(F.when(is_new, F.col("_sequence_number"))).alias("s"),
+            *[F.min(F.when(is_new & (F.col("_partition_id") == p), seq)).alias(f"s{p}") for p in partitions],
         )
-        .collect()
+        .localCheckpoint(eager=True)
     )
-    counts = {c: sum(r[c] for r in by_partition) for c in ("n", "irr", "new")}
+    found = seen.get
+    counts = {c: found[c] or 0 for c in ("n", "irr", "new")}
     step(f"dedupe of {counts['n']:,} keys (packed order key)")
     regular = per_key.where(~F.col("_irregular"))
     # The winners' log rows, found by their packed log key (one long: a dense broadcast
@@ -120,8 +125,8 @@ def newest(
     new = regular.where(~F.col("_win_held")).select(*by, *(["_position"] if ordering == "source" else []))
     # Winners are mostly recent events: read only the log files at or past the first winner
     # of each partition (Iceberg prunes the rest by their sequence-number bounds).
-    floors = [r for r in by_partition if r["s"] is not None]
-    since = " OR ".join(f"(partition = {r['_partition_id']} AND sequence_number >= {r['s']})" for r in floors)
+    floors = {p: found[f"s{p}"] for p in partitions if found[f"s{p}"] is not None}
+    since = " OR ".join(f"(partition = {p} AND sequence_number >= {s})" for p, s in floors.items())
     # Under the source ordering the position comes unpacked with the winner, so the read has no
     # list column and Iceberg reads it vectorized.
     from_log = [c for c in dedupe.CANDIDATE_COLUMNS if c != "_held" and (ordering == "log" or c != "_source_position")]
