@@ -25,10 +25,7 @@ tombstones yields the same changes, so the result equals one clean run.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import reduce
 from typing import Any
@@ -41,6 +38,7 @@ from connector.core.faults import crash_point
 from connector.core.ordering import Truncate, newest_truncate
 from iceberg import leases
 from iceberg.compaction import dedupe, schema, winners, writes
+from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.policy import CompactionPolicy, plan
 from iceberg.compaction.report import (
     ORDERING_PROPERTY,
@@ -99,37 +97,6 @@ def compact(
             return Round(spark, catalog, names, policy, now, lease).run(force)
     finally:
         lease.release()
-
-
-class _Rounds:
-    """The rounds running in this process, and the RDDs persisted before the first began."""
-
-    lock = threading.Lock()
-    running = 0
-    before: set[int] = set()
-
-
-@contextmanager
-def releasing_checkpoints(spark: SparkSession) -> Iterator[None]:
-    """The local checkpoints made inside the block are released when it ends (else their
-    blocks stay in Spark's block manager, spilling to disk, until the JVM's garbage
-    collector happens to find their RDDs: round after round in a long `run --every`).
-    Rounds that overlap in one process release theirs when the last of them ends; what
-    other code persists in the same session while a round runs is released with them."""
-    jsc = spark.sparkContext._jsc
-    with _Rounds.lock:
-        if not _Rounds.running:
-            _Rounds.before = set(jsc.getPersistentRDDs().keySet())
-        _Rounds.running += 1
-    try:
-        yield
-    finally:
-        with _Rounds.lock:
-            _Rounds.running -= 1
-            if not _Rounds.running:
-                for rdd_id, rdd in jsc.getPersistentRDDs().items():
-                    if rdd_id not in _Rounds.before:
-                        rdd.unpersist(False)
 
 
 class Round:
