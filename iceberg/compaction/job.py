@@ -63,6 +63,7 @@ from iceberg.compaction.stats import (
     held_bytes,
     load_optional,
     stream_stats,
+    sum_streams,
 )
 from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
 from iceberg.log_writer import POSITIONS_PROPERTY
@@ -153,10 +154,7 @@ class Round:
         truncates and order (the planner's one pyiceberg scan of the log)."""
         names = self.names
         self.bytes = {t: held_bytes(load_optional(self.catalog, t)) for t in (names.state, names.tombstones)}
-        clean = {
-            s: self.bytes[names.state].get(s, 0) + self.bytes[names.tombstones].get(s, 0)
-            for s in set(self.bytes[names.state]) | set(self.bytes[names.tombstones])
-        }
+        clean = sum_streams(*self.bytes.values())
         stats = {
             s.stream: s for s in stream_stats(self.catalog, names, self.policy, self.now, bounds=True, clean=clean)
         }
@@ -322,34 +320,11 @@ class Round:
 
     def count_bytes(self) -> None:
         """The bytes per stream the state and tombstones will hold after the round's MERGEs
-        (recorded with them for ingest's quota usage): a changed key's held row leaves its
-        table, and an upsert (delete) adds its row to the state (tombstones)."""
-        names, changes = self.names, self.changes
-        table = {"s": names.state, "t": names.tombstones}
-        frames = [
-            changes.where(F.col("_action").isin("upsert", "delete")).select(
-                F.when(F.col("_action") == "delete", "t").otherwise("s").alias("_t"),
-                "_topic",
-                "_partition_id",
-                F.col("_payload_bytes").alias("_b"),
-            )
-        ]
-        if self.held_rows is not None:
-            keys = changes.select("_key")
-            frames.append(
-                self.held_rows.join(
-                    F.broadcast(keys) if self.report.events <= BROADCAST_ROUND else keys, "_key", "left_semi"
-                ).select(
-                    F.when(F.col("_op") == "d", "t").otherwise("s").alias("_t"),
-                    "_topic",
-                    "_partition_id",
-                    (-F.col("_payload_bytes")).alias("_b"),
-                )
-            )
-        delta = reduce(DataFrame.unionByName, frames).groupBy("_t", "_topic", "_partition_id").agg(F.sum("_b"))
-        for t, topic, part, b in delta.collect():
-            held = self.bytes[table[t]]
-            held[f"{topic}:{part}"] = held.get(f"{topic}:{part}", 0) + (b or 0)
+        (recorded with them for ingest's quota usage)."""
+        small = self.report.events <= BROADCAST_ROUND
+        delta = writes.bytes_delta(self.changes, self.held_rows, broadcast=small)
+        for t, name in (("s", self.names.state), ("t", self.names.tombstones)):
+            self.bytes[name] = sum_streams(self.bytes[name], delta.get(t, {}))
 
     def recorded(self, name: str) -> dict[str, str]:
         """The snapshot property recording the bytes per stream `name` holds."""
@@ -357,24 +332,13 @@ class Round:
 
     def write_tombstones(self) -> None:
         """5. MERGE the tombstones: a delete's own, removed for a key written or truncated."""
-        meta = [n for n, _ in META_COLUMNS]
-        ts = F.lit(self.now)
         retention = F.expr(f"INTERVAL {int(self.policy.tombstone_retention.total_seconds())} SECONDS")
-        deletes = self.changes.where("_action = 'delete'").select(
-            *meta, ts.alias("deleted_at"), (ts + retention).alias("expires_at"), "_action"
-        )
-        others = self.changes.where("_action <> 'delete'").select(
-            *meta,
-            F.lit(None).cast("timestamp").alias("deleted_at"),
-            F.lit(None).cast("timestamp").alias("expires_at"),
-            "_action",
-        )
-        deletes.unionByName(others).createOrReplaceTempView("cdclake_tomb_changes")
+        writes.tombstone_source(self.changes, self.now, retention).createOrReplaceTempView("cdclake_tomb_changes")
         tombstones = self.names.tombstones
         sql = writes.write_sql(
             self.names.spark(tombstones),
             "cdclake_tomb_changes",
-            meta + [n for n, _ in TOMBSTONE_EXTRA],
+            [n for n, _ in META_COLUMNS + TOMBSTONE_EXTRA],
             "delete",
             self.held_keys.get(tombstones, []),
         )
@@ -387,13 +351,8 @@ class Round:
         if self.stale_rows is None:
             return
         self.stale_rows.createOrReplaceTempView("cdclake_stale")
-        cols = ", ".join(schema.quote(c) for c, _ in STALE_COLUMNS)
-        values = ", ".join("s." + schema.quote(c) for c, _ in STALE_COLUMNS)
-        self.spark.sql(
-            f"MERGE INTO {self.names.spark(self.names.stale)} t USING cdclake_stale s ON t._topic = s._topic AND "
-            f"t._partition_id = s._partition_id AND t._sequence_number = s._sequence_number "
-            f"WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({values})"
-        )
+        target = self.names.spark(self.names.stale)
+        writes.insert_missing(self.spark, target, "cdclake_stale", ["_topic", "_partition_id", "_sequence_number"])
         self.step("stale events")
 
     def write_state(self) -> None:
@@ -438,10 +397,8 @@ class Round:
         )
         self.report.purged = sum(n for _, _, n, _ in gone)
         if self.report.purged:
-            held = self.bytes[self.names.tombstones]
-            for topic, part, _, b in gone:
-                held[f"{topic}:{part}"] = held.get(f"{topic}:{part}", 0) - (b or 0)
             name = self.names.tombstones
+            self.bytes[name] = sum_streams(self.bytes[name], {f"{t}:{p}": -(b or 0) for t, p, _, b in gone})
             writes.write(self.spark, self.catalog, name, f"DELETE FROM {tombstones} WHERE {purge}", self.recorded(name))
         self.step("purge")
 

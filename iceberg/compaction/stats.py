@@ -103,15 +103,19 @@ def recorded_bytes(table: Table | None) -> dict[str, int] | None:
     return {k: int(v) for k, v in json.loads(raw).items()}
 
 
+def sum_streams(*counts: dict[str, int]) -> dict[str, int]:
+    """Per stream, the sum of its counts."""
+    out: dict[str, int] = defaultdict(int)
+    for c in counts:
+        for stream, n in c.items():
+            out[stream] += n
+    return dict(out)
+
+
 def held_bytes(*tables: Table | None) -> dict[str, int]:
     """Bytes per stream the state and tombstone tables hold: as each one's commits recorded
     them, or, for one written without a record, counted from its rows."""
-    out: dict[str, int] = defaultdict(int)
-    for t in tables:
-        recorded = recorded_bytes(t)
-        for stream, n in (recorded if recorded is not None else clean_bytes(t)).items():
-            out[stream] += n
-    return dict(out)
+    return sum_streams(*(b if (b := recorded_bytes(t)) is not None else clean_bytes(t) for t in tables))
 
 
 def logged_bytes(log: Table, points: dict[str, int]) -> dict[str, int]:
@@ -153,10 +157,7 @@ def quota_usage(catalog: Catalog, names: TableNames) -> dict[str, int]:
     except TableUnreadableError as e:
         log.warning("%s; until then quota usage counts every byte of the log of %s", e, names.table)
         points, held = {}, {}
-    out = logged_bytes(log_table, points)
-    for stream, n in held.items():
-        out[stream] += n
-    return {s: n for s, n in out.items() if n}
+    return {s: n for s, n in sum_streams(logged_bytes(log_table, points), held).items() if n}
 
 
 @dataclass

@@ -1,14 +1,15 @@
 """What a round writes: MERGE / INSERT statements, snapshot properties on a Spark commit, the
-state's typed columns from the winners' after-images, and the winners the state cannot hold
-sent to the dead letters."""
+state's typed columns from the winners' after-images and the tombstones' rows, the bytes per
+stream the changes add, and the winners the state cannot hold sent to the dead letters."""
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime
+from functools import reduce
 
 from pyiceberg.catalog import Catalog
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from iceberg.compaction import schema
@@ -53,6 +54,54 @@ def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
         raw = after.getItem(col)
         data.append((F.unbase64(raw) if t == "binary" else raw.cast(t)).alias(col))
     return changes.select(*[F.col(n) for n, _ in META_COLUMNS], *data, "_action")
+
+
+def tombstone_source(changes: DataFrame, now: datetime, retention: Column) -> DataFrame:
+    """The changes as rows of the tombstones: a delete's own, deleted `now` and expiring
+    `retention` later; any other change's without them (its key's tombstone goes)."""
+    deleted, ts = F.col("_action") == "delete", F.lit(now)
+    return changes.select(
+        *[n for n, _ in META_COLUMNS],
+        F.when(deleted, ts).alias("deleted_at"),
+        F.when(deleted, ts + retention).alias("expires_at"),
+        "_action",
+    )
+
+
+def bytes_delta(changes: DataFrame, held_rows: DataFrame | None, broadcast: bool) -> dict[str, dict[str, int]]:
+    """Per table ('s' the state, 't' the tombstones) and stream, the bytes the changes add:
+    an upsert's (a delete's) row to the state (tombstones), less the row each changed key
+    held. `broadcast`: the changed keys go to every task of the held rows' semi-join."""
+    frames = [
+        changes.where(F.col("_action").isin("upsert", "delete")).select(
+            F.when(F.col("_action") == "delete", "t").otherwise("s").alias("_t"),
+            "_topic",
+            "_partition_id",
+            F.col("_payload_bytes").alias("_b"),
+        )
+    ]
+    if held_rows is not None:
+        keys = changes.select("_key")
+        frames.append(
+            held_rows.join(F.broadcast(keys) if broadcast else keys, "_key", "left_semi").select(
+                F.when(F.col("_op") == "d", "t").otherwise("s").alias("_t"),
+                "_topic",
+                "_partition_id",
+                (-F.col("_payload_bytes")).alias("_b"),
+            )
+        )
+    delta = reduce(DataFrame.unionByName, frames).groupBy("_t", "_topic", "_partition_id").agg(F.sum("_b"))
+    out: dict[str, dict[str, int]] = {}
+    for t, topic, part, b in delta.collect():
+        out.setdefault(t, {})[f"{topic}:{part}"] = b or 0
+    return out
+
+
+def insert_missing(spark: SparkSession, target: str, source: str, on: list[str]) -> None:
+    """Inserts the rows of view `source` that `target` lacks, matched by the columns `on`
+    (idempotent: a replayed round adds none twice)."""
+    match = " AND ".join(f"t.{schema.quote(c)} = s.{schema.quote(c)}" for c in on)
+    spark.sql(f"MERGE INTO {target} t USING {source} s ON {match} WHEN NOT MATCHED THEN INSERT *")
 
 
 def refuse(
@@ -107,11 +156,8 @@ def refuse(
         catalog.create_table(names.dead_letters, schema=DEAD_LETTER_SCHEMA)
     upgrade(catalog.load_table(names.dead_letters), DEAD_LETTER_SCHEMA)
     letters.createOrReplaceTempView("cdclake_refused")
-    target = names.spark(names.dead_letters)
-    spark.sql(
-        f"MERGE INTO {target} t USING cdclake_refused s ON t.topic = s.topic AND t.partition = s.partition "
-        f"AND t.sequence_number = s.sequence_number AND t.reason = s.reason WHEN NOT MATCHED THEN INSERT *"
-    )
+    on = ["topic", "partition", "sequence_number", "reason"]
+    insert_missing(spark, names.spark(names.dead_letters), "cdclake_refused", on)
     for r in letters.limit(10).collect():
         log.warning(
             "%s: dead letter at compaction: key %s topic %s partition %s offset %s: %s",
