@@ -1,8 +1,8 @@
 """A plain-Python model of the compaction contract (docs/semantics.md), for the property tests.
 
 Written apart from the product's code: its own order keys, its own truncate rule, one key
-at a time over the whole stream (no rounds), plus the stale events a given split into
-rounds must report.
+at a time over the whole stream (no rounds), each change and each truncate applied in turn,
+plus the stale events a given split into rounds must report.
 """
 
 from __future__ import annotations
@@ -55,21 +55,61 @@ def _changes(events: list) -> tuple[dict[str, list[ChangeEvent]], list[ChangeEve
     return by_key, truncates
 
 
+Held = tuple[ChangeEvent, tuple | None]  # a change and the source position stored with it
+
+
+def _fold(
+    evs: list[ChangeEvent], truncates: list[ChangeEvent], ordering: str, held: Held | None = None
+) -> tuple[Held | None, list[tuple[ChangeEvent, str]]]:
+    """One key's changes applied one at a time, in log order, each truncate at its place
+    (after every change older than it): a change older than what the key holds is stale,
+    else it is what the key holds; a truncate removes a live row and keeps a tombstone.
+    Returns what the key holds at the end and the stale changes with their reasons."""
+    start = held[1] if held is not None and ordering == "source" else None
+    changes = list(zip(evs, _carried(evs, start)))
+    cuts = sorted(truncates, key=lambda t: _truncate_order(t, ordering))
+
+    def after(change: Held) -> int:  # how many of the truncates come before the change
+        return sum(not _older_than_truncate(change[0], change[1], t, ordering) for t in cuts)
+
+    top, stale = held, []
+    for i in range(len(cuts) + 1):
+        for e, p in (c for c in changes if after(c) == i):
+            if top is not None and _order(e, p, ordering) < _order(top[0], top[1], ordering):
+                won = top[0]
+                why = (
+                    "older_than_tombstone"
+                    if won.op == "d"
+                    else "snapshot_after_stream"
+                    if e.snapshot and not won.snapshot
+                    else "older_than_state"
+                )
+                stale.append((e, why))
+            else:
+                top = (e, p)
+        if i < len(cuts) and top is not None and top[0].op != "d":
+            top = None
+    return top, stale
+
+
+def _stored(e: ChangeEvent, carried: tuple | None, ordering: str) -> tuple | None:
+    """The position stored with a surviving change: its own under log, the carried one under source."""
+    p = e.position if ordering == "log" else carried
+    return None if p is None else tuple(p)
+
+
 def survivors(events: list, ordering: str) -> dict[str, tuple[str, ChangeEvent, tuple | None]]:
     """Per key: which table holds it ("state" or "tombstones"), the event that survives for
     it, and the source position stored with it (a bare tombstone's carried one under the
-    source ordering). A key whose newest change is live and older than the newest truncate
-    is in neither; a delete keeps its own tombstone whatever truncate follows it."""
+    source ordering). A key a truncate emptied is in neither; a delete keeps its own
+    tombstone whatever truncate follows it."""
     by_key, truncates = _changes(events)
-    newest = max(truncates, key=lambda t: _truncate_order(t, ordering), default=None)
     out = {}
     for key, evs in by_key.items():
-        positions = _carried(evs)
-        winner, position = max(zip(evs, positions), key=lambda x: _order(x[0], x[1], ordering))
-        if winner.op != "d" and newest is not None and _older_than_truncate(winner, position, newest, ordering):
-            continue
-        stored = winner.position if ordering == "log" else position
-        out[key] = ("tombstones" if winner.op == "d" else "state", winner, None if stored is None else tuple(stored))
+        top, _ = _fold(evs, truncates, ordering)
+        if top is not None:
+            e, p = top
+            out[key] = ("tombstones" if e.op == "d" else "state", e, _stored(e, p, ordering))
     return out
 
 
@@ -83,29 +123,17 @@ def expected_tables(events: list, ordering: str) -> tuple[dict[str, str], dict[s
 
 def stale_events(rounds: list[list], ordering: str) -> list[tuple[int, int, str]]:
     """(partition, sequence number, reason) of every event a compaction per round ignores as
-    stale: older than a change of its key that came before it (what was held after the
-    earlier rounds, then the round's own events by partition and sequence number). Assumes
-    no event of a later round is older than an earlier round's truncate."""
+    stale: older than what its key held when it came (after the earlier rounds, then the
+    round's own events in log order and its truncates). Assumes no event of a later round
+    is older than an earlier round's truncate."""
     out = []
     for i, batch in enumerate(rounds):
         held = survivors([e for r in rounds[:i] for e in r], ordering)
-        by_key, _ = _changes(batch)
+        by_key, truncates = _changes(batch)
         for key, evs in by_key.items():
-            seen = [] if key not in held else [(held[key][1], held[key][2])]
-            start = held[key][2] if key in held and ordering == "source" else None
-            for e, p in zip(evs, _carried(evs, start)):
-                if seen:
-                    top, top_p = max(seen, key=lambda x: _order(x[0], x[1], ordering))
-                    if _order(e, p, ordering) < _order(top, top_p, ordering):
-                        reason = (
-                            "older_than_tombstone"
-                            if top.op == "d"
-                            else "snapshot_after_stream"
-                            if e.snapshot and not top.snapshot
-                            else "older_than_state"
-                        )
-                        out.append((e.record.partition, e.record.sequence_number, reason))
-                seen.append((e, p))
+            before = (held[key][1], held[key][2]) if key in held else None
+            _, stale = _fold(evs, truncates, ordering, before)
+            out += [(e.record.partition, e.record.sequence_number, why) for e, why in stale]
     return sorted(out)
 
 

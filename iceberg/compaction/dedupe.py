@@ -6,7 +6,9 @@ the round plus the rows already held for the same keys (state or tombstone, `_he
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 import pyarrow as pa
@@ -63,13 +65,18 @@ def literal_order(position: list[int] | None, snapshot: bool, partition: int, se
     return order_struct(pos, F.lit(bool(snapshot)), F.lit(int(partition)), F.lit(int(seq)), ordering)
 
 
-def rank(candidates: DataFrame, ordering: Ordering) -> DataFrame:
-    """Adds `_o` (the order struct) and `_stale`: the reason a new candidate is stale, or null.
+def rank(candidates: DataFrame, ordering: Ordering, truncates: Sequence[Truncate] = ()) -> DataFrame:
+    """Adds `_o` (the order struct), `_stale` (the reason a new candidate is stale, or null)
+    and `_won` (the candidate is its key's newest: `latest_per_key` picks among those).
 
     A candidate without a source position takes the highest position of the candidates
     before it in log order (held row first), so a bare tombstone resolves with its delete.
-    A new candidate is stale when it is older than a candidate before it in that order (the
-    held row, or an earlier event of the round); the reason names what it lost to.
+    A new candidate is stale when it is older than what its key holds when it comes: the
+    held row or an earlier event of the round in that order. `truncates` (the round's, newer
+    than the table's marker, oldest first) apply in turn: each candidate comes after those
+    it is not older than (its `_epoch`); at each truncate a live row is gone and a tombstone
+    stays, so a candidate competes only with the candidates of its own epoch and the
+    tombstone the epochs before it left. The reason names what it lost to.
     """
     by_key = Window.partitionBy("_key")
     in_log_order = by_key.orderBy(F.col("_held").desc(), "_partition_id", "_sequence_number")
@@ -78,28 +85,45 @@ def rank(candidates: DataFrame, ordering: Ordering) -> DataFrame:
         # kept as the row's position, so a held bare tombstone still guards its key
         position = F.col("_source_position")
         candidates = candidates.withColumn("_source_position", F.coalesce(position, F.max(position).over(upto)))
-    ranked = candidates.withColumn(
-        "_o",
-        candidate_order(ordering),
-    )
-    before = F.max(F.struct(F.col("_o").alias("o"), F.col("_op").alias("op"), F.col("_snapshot").alias("snap"))).over(
-        in_log_order.rowsBetween(Window.unboundedPreceding, -1)
-    )
-    ranked = ranked.withColumn("_before", before)
+    ranked = candidates.withColumn("_o", candidate_order(ordering))
+    fact = F.struct(F.col("_o").alias("o"), F.col("_op").alias("op"), F.col("_snapshot").alias("snap"))
+    epoch = reduce(Column.__add__, [(~older_than_truncate(t, ordering)).cast("int") for t in truncates], F.lit(0))
+    ranked = ranked.withColumn("_epoch", epoch)
+    group = ["_key", "_epoch"] if truncates else ["_key"]
+    in_epoch = Window.partitionBy(*group).orderBy(F.col("_held").desc(), "_partition_id", "_sequence_number")
+    prior = F.max(fact).over(in_epoch.rowsBetween(Window.unboundedPreceding, -1))
+    won = F.lit(True)
+    if truncates:
+        # each epoch's newest, then what every epoch starts from: the newest of the epochs
+        # before it where that is a delete (a truncate removed a live one)
+        ranked = ranked.withColumn("_best", F.max(fact).over(Window.partitionBy(*group)))
+        earlier = by_key.orderBy("_epoch").rangeBetween(Window.unboundedPreceding, -1)
+        bests = F.array_sort(F.collect_set(F.struct("_epoch", "_best")).over(earlier))
+        none = F.lit(None).cast(ranked.select(fact).schema[0].dataType)
+
+        def left(held: Column, x: Column) -> Column:
+            newer = F.when(held.isNull() | (x["_best"]["o"] > held["o"]), x["_best"]).otherwise(held)
+            return F.when(newer["op"] == retain.DELETE_OP, newer)
+
+        ranked = ranked.withColumn("_start", F.aggregate(bests, none, left))
+        prior = F.greatest(prior, F.col("_start"))
+        last = F.max_by(F.greatest("_start", "_best"), "_epoch").over(by_key)  # what the key holds at the end
+        won = F.col("_o") == last["o"]
+    ranked = ranked.withColumn("_before", prior).withColumn("_won", won)
     prior = F.col("_before")
     stale = ~F.col("_held") & prior.isNotNull() & (F.col("_o") < prior["o"])
     reason = (
         F.when(~stale, F.lit(None).cast("string"))
-        .when(prior["op"] == "d", F.lit("older_than_tombstone"))
+        .when(prior["op"] == retain.DELETE_OP, F.lit("older_than_tombstone"))
         .when(F.col("_snapshot") & ~prior["snap"], F.lit("snapshot_after_stream"))
         .otherwise(F.lit("older_than_state"))
     )
-    return ranked.withColumn("_stale", reason).drop("_before")
+    return ranked.withColumn("_stale", reason).drop("_before", "_best", "_start")
 
 
 def latest_per_key(ranked: DataFrame) -> DataFrame:
-    """One row per `_key`: the newest candidate, with `_stale` = how many of its events were stale."""
-    winner = F.max_by(F.struct(*[F.col(c) for c in CANDIDATE_COLUMNS], F.col("_o")), F.col("_o"))
+    """One row per `_key`: its newest candidate (`_won`), with `_stale` = how many of its events were stale."""
+    winner = F.max_by(F.struct(*[F.col(c) for c in CANDIDATE_COLUMNS], F.col("_o")), F.when(F.col("_won"), F.col("_o")))
     return (
         ranked.groupBy("_key").agg(winner.alias("w"), F.count(F.col("_stale")).alias("_stale")).select("w.*", "_stale")
     )

@@ -116,7 +116,8 @@ class Round:
         self.spark, self.catalog, self.names, self.policy, self.now = spark, catalog, names, policy, now
         self.report = CompactionReport(names.table)
         self.step = Steps(names.state, lease)
-        self.truncate: Truncate | None = None  # the round's own truncate, when newer than the marker
+        self.truncates: list[Truncate] = []  # the round's own truncates newer than the marker, oldest first
+        self.truncate: Truncate | None = None  # the newest of them
         self.table_truncate: Truncate | None = None  # the marker after the round
         self.late: DataFrame | None = None  # changes older than the marker: stale
         self.held_rows: DataFrame | None = None
@@ -181,9 +182,10 @@ class Round:
             self.late = ordered.where(older).withColumn("_stale", F.lit("older_than_truncate"))
             self.events = ordered.where(~older).drop("_o")
         if any(r.truncates for r in self.ranges):
-            found, self.report.truncates = round_truncates(self.dirty, ordering)
-            if newest_truncate([marker, found], ordering) is found:
-                self.truncate = found  # newer than the marker: the held rows older than it go
+            found = round_truncates(self.dirty, ordering)
+            self.report.truncates = len(found)
+            newer = [t for t in found if marker is None or t.newness(ordering) > marker.newness(ordering)]
+            self.truncates, self.truncate = newer, newer[-1] if newer else None  # the held rows older go
             self.step(f"truncates of {self.report.events:,} dirty events")
         self.table_truncate = newest_truncate([marker, self.truncate], ordering)
 
@@ -247,6 +249,7 @@ class Round:
             ordering,
             multi_topic,
             sorted({r.partition for r in self.report.ranges}),
+            self.truncates,
             self.step,
         )
         # the counts and the after-image signatures come with the checkpoint's own job; one

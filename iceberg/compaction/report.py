@@ -16,7 +16,7 @@ from pyiceberg.expressions import BooleanExpression, LessThanOrEqual
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from connector.core.ordering import Ordering, Truncate, newest_truncate
+from connector.core.ordering import Ordering, Truncate
 from iceberg import leases
 from iceberg.compaction.policy import CleanRange
 from iceberg.layouts import TableNames
@@ -86,8 +86,8 @@ def may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
     return any(True for _ in catalog.load_table(name).scan(row_filter=expired_by(now)).plan_files())
 
 
-def round_truncates(dirty: DataFrame, ordering: Ordering) -> tuple[Truncate | None, int]:
-    """The newest truncate of the round, and how many it has."""
+def round_truncates(dirty: DataFrame, ordering: Ordering) -> list[Truncate]:
+    """The round's truncates, oldest first."""
     rows = (
         dirty.where(F.col("op") == "t")
         .select(
@@ -115,7 +115,7 @@ def round_truncates(dirty: DataFrame, ordering: Ordering) -> tuple[Truncate | No
         )
         for r in rows
     ]
-    return newest_truncate(found, ordering), len(found)
+    return sorted(found, key=lambda t: t.newness(ordering))
 
 
 def truncate_marker(catalog: Catalog, names: TableNames) -> Truncate | None:

@@ -4,12 +4,12 @@ route (the window), and the winners' after-images read back from the log."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F
 
-from connector.core.ordering import Ordering
+from connector.core.ordering import Ordering, Truncate
 from iceberg.compaction import dedupe
 from iceberg.layouts import META_COLUMNS
 
@@ -74,9 +74,11 @@ def candidate_bounds(ordering: Ordering) -> list[Column]:
     return dedupe.bounds_columns(pos, F.col("_partition_id"), F.col("_sequence_number"))
 
 
-def general(candidates: DataFrame, dirty: DataFrame, ordering: Ordering) -> tuple[DataFrame, DataFrame, int, int]:
+def general(
+    candidates: DataFrame, dirty: DataFrame, ordering: Ordering, truncates: Sequence[Truncate] = ()
+) -> tuple[DataFrame, DataFrame, int, int]:
     """The general route: the ordering rule's window and sort (winners with their payload)."""
-    ranked = dedupe.rank(candidates, ordering)
+    ranked = dedupe.rank(candidates, ordering, truncates)
     winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
     totals = _first(winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")))
     winners = with_payload(winners, dirty, broadcast=totals["n"] <= BROADCAST_WINNERS)
@@ -92,15 +94,17 @@ def newest(
     ordering: Ordering,
     multi_topic: bool,
     partitions: list[int],
+    truncates: Sequence[Truncate],
     step: Callable[[str], None],
 ) -> tuple[DataFrame, DataFrame | None, int, int]:
     """The newest candidate per key with its payload, the ranked candidates of the general
     route (for the stale-event log), the number of keys and of stale events. `ordered`: the
     candidates' `ORDER_COLUMNS` (the packed route's input); `partitions`: those of the
-    round's dirty events."""
-    if packing is None:
+    round's dirty events; `truncates`: the round's (they apply in turn, so a round with one
+    takes the general route)."""
+    if packing is None or truncates:
         step("general route (no packed order key for this round)")
-        return general(candidates, dirty, ordering)
+        return general(candidates, dirty, ordering, truncates)
     # the counts and each partition's first new winner come with the checkpoint's own job
     is_new, seq = ~F.col("_irregular") & ~F.col("_win_held"), F.col("_sequence_number")
     seen = Observation("cdclake_per_key")

@@ -35,21 +35,31 @@ EAGER = MaintenancePolicy(snapshot_retention=timedelta(0), rewrite_files=1, expi
 
 event = st.tuples(
     st.integers(0, 3),  # key; its partition is key % 2, as a partitioner would place it
-    st.sampled_from(["c", "u", "u", "d", "r", "c", "u", "d", "t", "junk"]),  # t: a truncate (partition 2)
+    # t: a truncate (partition 2); again: the key's last change delivered once more
+    st.sampled_from(["c", "u", "u", "d", "r", "c", "u", "d", "t", "junk", "again"]),
     st.integers(1, 8),  # source position (lsn): collisions and stale events on purpose
     st.booleans(),  # a delete is followed by its bare tombstone
 )
 
 
-def to_lines(stream) -> list[str]:
+def to_lines(stream, ordering: str) -> list[str]:
     """kcat lines. A truncate's position is above every one before it and below every one
     after it (no event arrives after a truncate it is older than: which round such an event
     lands in changes what it can still delete, see docs/semantics.md). `junk`: a create
-    whose record key is not JSON (a dead letter)."""
+    whose record key is not JSON (a dead letter). `again`: the key's last change once more, at
+    a new offset (under source a truncate in between makes it a change of its own: as a
+    re-delivery it would be older than the truncate)."""
     offsets = [0, 0, 0]
     lines = []
     base = 0
+    last: dict[int, tuple] = {}
     for key, op, lsn, tombstone in stream:
+        if op == "again":
+            key, op, lsn, tombstone = last.get(key, (key, "u", lsn, tombstone))
+        elif op != "t":
+            last[key] = (key, op, lsn, tombstone)
+        if op == "t" and ordering == "source":
+            last.clear()
         part = 2 if op == "t" else key % 2
         if op == "t":
             base += 9
@@ -137,12 +147,45 @@ def to_lines(stream) -> list[str]:
     packed=True,
     maintain=False,
 )
+# under log, a streamed change, a truncate after it, then a snapshot row of the key: the
+# truncate removes the change and the snapshot row is the key's (in one round or two)
+@example(
+    stream=[(0, "u", 3, False), (1, "t", 1, False), (0, "r", 1, False)],
+    cuts=[],
+    ordering="log",
+    packed=True,
+    maintain=False,
+)
+@example(
+    stream=[(0, "u", 3, False), (1, "t", 1, False), (0, "r", 1, False)],
+    cuts=[2],
+    ordering="log",
+    packed=True,
+    maintain=False,
+)
+# under log, two truncates in one round: a snapshot row between them is no stale event;
+# a delete before both keeps guarding after them; a re-delivered change after both
+@example(
+    stream=[
+        (0, "u", 3, False),
+        (1, "d", 2, True),
+        (0, "t", 1, False),
+        (0, "r", 1, False),
+        (1, "r", 1, False),
+        (0, "t", 1, False),
+        (0, "again", 1, False),
+    ],
+    cuts=[],
+    ordering="log",
+    packed=True,
+    maintain=False,
+)
 def test_random_stream_in_random_batches_matches_the_model(spark, settings, stream, cuts, ordering, packed, maintain):
     """`packed`: the packed order key where a round fits (as in production), else the general
     route (the window) for every round. `maintain`: after every round, a table with more than
     one data file is rewritten and every snapshot that may go is expired (later rounds find
     their cleaner points after that)."""
-    lines = to_lines(stream)
+    lines = to_lines(stream, ordering)
     path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
     s = with_source(
         settings.model_copy(
