@@ -30,7 +30,7 @@ from connector.core.records import DeadLetter
 from connector.debezium import Decoder
 from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, HEADERS_TYPE, LOG_SCHEMA, LOG_SUFFIX
 from iceberg.log_writer import DataFileWriter, FileTarget
-from quotas.admit import event_too_large
+from quotas.admit import oversized, size_detail
 from quotas.ledger import table_quota
 from quotas.tiers import TierQuota
 
@@ -101,10 +101,10 @@ def stage_records(ctx: StageContext, records: pa.Table) -> pa.Table:
     for table, pieces in decoded.events.items():
         rows = Rows.concat(pieces)
         quota = ctx.quota_of(table)
-        over = pc.greater(rows.table["payload_bytes"], quota.max_event_bytes) if quota else None
+        over = oversized(quota, rows.table["payload_bytes"]) if quota else None
         if over is not None and pc.any(over).as_py():
             for record in batch.records(rows.idx.filter(over).to_pylist()):
-                detail = event_too_large(quota, record.nbytes) or "over the size limit"  # type: ignore[arg-type]
+                detail = size_detail(quota, record.nbytes)  # type: ignore[arg-type]
                 letters.setdefault(table, []).append(DeadLetter(record, table, "size", detail))
             rows = rows.keep(pc.invert(over))
         sink = table + LOG_SUFFIX

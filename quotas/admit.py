@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from quotas.errors import QuotaConfigError
 from quotas.tiers import TierQuota
 
@@ -15,11 +18,14 @@ REMEDIES = (
 )
 
 
-def event_too_large(quota: TierQuota, size: int) -> str | None:
-    """The dead-letter detail for an event over the tier's size limit, else None."""
-    if size > quota.max_event_bytes:
-        return f"event is {size:,} bytes, over the {quota.name} tier limit of {quota.max_event_bytes:,} bytes"
-    return None
+def oversized(quota: TierQuota, sizes: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Which events are over the tier's size limit, from their sizes (key + value bytes)."""
+    return pc.greater(sizes, quota.max_event_bytes)
+
+
+def size_detail(quota: TierQuota, size: int) -> str:
+    """The dead-letter detail of an event `oversized` refuses."""
+    return f"event is {size:,} bytes, over the {quota.name} tier limit of {quota.max_event_bytes:,} bytes"
 
 
 @dataclass(frozen=True)

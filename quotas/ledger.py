@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from quotas.admit import Refusal, event_too_large, refuse, validate_table
+from quotas.admit import Refusal, refuse, validate_table
 from quotas.errors import QuotaConfigError
 from quotas.metrics import QUOTA, USAGE
 from quotas.tiers import TIERS, TierQuota
@@ -71,9 +71,6 @@ class QuotaGate:
         if table not in self._quotas:
             self._quotas[table] = validate(self.settings, table)
         return self._quotas[table]
-
-    def oversize(self, table: str, size: int) -> str | None:
-        return event_too_large(self.quota(table), size)
 
     def admit(self, table: str, incoming: Mapping[str, tuple[int, int]]) -> list[Refusal]:
         """New refusals: streams that would overflow. Paused streams stay paused (see `caps`)."""

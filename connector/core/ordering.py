@@ -1,7 +1,8 @@
 """The ordering rule: which of two changes to one key is newer.
 
-Defined once, used by the Python model, the compaction job (as Spark expressions over the
-same fields) and the tests.
+`order_key` states it in Python (the newest truncate of a round, the planner); the
+compaction job runs it as Spark expressions over the same fields
+(`iceberg.compaction.dedupe.order_struct`); the table-driven test runs its cases through both.
 
 `ordering = "source"` compares, in this order:
 
@@ -23,10 +24,10 @@ the result does not depend on how the log was split into compaction rounds.
 sequence_number)` decides, the highest offset wins; but a snapshot read still never
 overwrites a streamed change (rank first), so a replayed snapshot cannot rewind a row.
 
-A truncate removes the keys whose newest change is older than it (`older_than_truncate`):
-under `source` by the order key above; under `log` by time, since offsets of different
-partitions are not comparable: an earlier sequence number on the truncate's own stream, or
-an earlier enqueued time on any other stream.
+A truncate removes the keys whose newest change is older than it (the compaction job's
+`iceberg.compaction.dedupe.older_than_truncate`): under `source` by the order key above;
+under `log` by time, since offsets of different partitions are not comparable: an earlier
+sequence number on the truncate's own stream, or an earlier enqueued time on any other.
 """
 
 from __future__ import annotations
@@ -89,39 +90,6 @@ class Truncate:
 def newest_truncate(truncates: Iterable[Truncate | None], ordering: Ordering) -> Truncate | None:
     known = [t for t in truncates if t is not None]
     return max(known, key=lambda t: t.newness(ordering)) if known else None
-
-
-def older_than_truncate(
-    position: Position | None,
-    snapshot: bool,
-    topic: str,
-    partition: int,
-    sequence_number: int,
-    enqueued_us: int,
-    truncate: Truncate,
-    ordering: Ordering,
-) -> bool:
-    """Whether a change is older than the truncate (see the module docstring)."""
-    if ordering == "log":
-        if (topic, partition) == (truncate.topic, truncate.partition):
-            return sequence_number < truncate.sequence_number
-        return enqueued_us < truncate.enqueued_us
-    return order_key(position, snapshot, partition, sequence_number, ordering) < order_key(
-        truncate.position, truncate.snapshot, truncate.partition, truncate.sequence_number, ordering
-    )
-
-
-def carry_positions(positions: Iterable[Position | None]) -> list[Position | None]:
-    """Fill each missing position with the highest position before it (log order)."""
-    best: Position | None = None
-    out: list[Position | None] = []
-    for p in positions:
-        if p is None:
-            out.append(best)
-        else:
-            out.append(p)
-            best = p if best is None or p > best else best
-    return out
 
 
 def is_snapshot(source: dict[str, Any] | None, op: str) -> bool:

@@ -5,34 +5,18 @@
   tombstone_retention), then the tombstone is purged;
 - a live change older than a truncate leaves the state and keeps nothing (`dedupe.resolve`).
 
-`fate` states the rule in Python; `action` and `purge_predicate` are the same rule as the
-Spark column and the SQL the job runs (the table-driven test runs its table through all three).
+`action` and `purge_predicate` are the rule as the Spark column and the SQL the job runs
+(the table-driven test runs its table through both).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from enum import Enum
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-
-class Fate(Enum):
-    KEEP_ROW = "keep-row"
-    KEEP_TOMBSTONE = "keep-tombstone"
-    DROP = "drop"
-
-
 DELETE_OP = "d"
-
-
-def fate(op: str, expires_at: datetime | None, now: datetime) -> Fate:
-    if op != DELETE_OP:
-        return Fate.KEEP_ROW
-    if expires_at is None or now < expires_at:
-        return Fate.KEEP_TOMBSTONE
-    return Fate.DROP
 
 
 def action(op: Column) -> Column:

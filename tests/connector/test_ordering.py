@@ -1,8 +1,9 @@
-"""The ordering rule, table-driven (no Spark)."""
+"""The ordering rule, table-driven: in Python and as the Spark expression the job runs."""
 
 import pytest
+from pyspark.sql import functions as F
 
-from connector.core.ordering import Truncate, carry_positions, newest_truncate, older_than_truncate, order_key
+from connector.core.ordering import Truncate, newest_truncate, order_key
 
 # (a, b, ordering, newer): each side is (position, snapshot, partition, sequence_number)
 CASES = [
@@ -26,30 +27,28 @@ def test_order_key(a, b, ordering, newer):
     assert (ka > kb) == (newer == "a")
 
 
-def test_carry_positions_takes_the_highest_earlier_position():
-    assert carry_positions([None, (5,), (3,), None, (9,), None]) == [None, (5,), (3,), (5,), (9,), (9,)]
+@pytest.mark.spark
+def test_the_job_orders_changes_by_the_same_rule(spark):
+    """The table above through the order struct the compaction job compares candidates by."""
+    from iceberg.compaction.dedupe import candidate_order
+
+    rows = [
+        (i, side, ordering, list(p) if p else None, snap, part, seq)
+        for i, (a, b, ordering, _) in enumerate(CASES)
+        for side, (p, snap, part, seq) in (("a", a), ("b", b))
+    ]
+    df = spark.createDataFrame(
+        rows,
+        "i int, side string, ordering string, _source_position array<bigint>, _snapshot boolean,"
+        " _partition_id int, _sequence_number long",
+    )
+    order = F.when(F.col("ordering") == "log", candidate_order("log")).otherwise(candidate_order("source"))
+    newest = df.groupBy("i").agg(F.max_by("side", order).alias("newer")).orderBy("i").collect()
+    assert [r["newer"] for r in newest] == [newer for *_, newer in CASES]
 
 
 # A truncate on partition 1 at offset 5, enqueued at t=100 us, at source position (50,).
 T = Truncate("db.s.things", 1, "5", 5, 100, (50,))
-
-# (position, snapshot, partition, sequence number, enqueued us, ordering, older)
-TRUNCATE_CASES = [
-    ((49,), False, 0, 9, 200, "source", True),  # an earlier position, whatever its offset or time
-    ((51,), False, 0, 0, 1, "source", False),
-    ((50,), True, 1, 9, 200, "source", True),  # a snapshot read at the truncate's own position
-    (None, False, 0, 9, 200, "source", True),  # no position is older than any
-    (None, False, 0, 9, 99, "log", True),  # another partition: enqueued before it
-    (None, False, 0, 0, 101, "log", False),  # another partition, enqueued after it, a lower offset
-    (None, False, 2, 99, 99, "log", True),  # a higher offset on another partition says nothing
-    (None, False, 1, 4, 500, "log", True),  # its own partition: the offset decides
-    (None, False, 1, 6, 50, "log", False),
-]
-
-
-@pytest.mark.parametrize("position,snapshot,partition,seq,us,ordering,older", TRUNCATE_CASES)
-def test_older_than_truncate(position, snapshot, partition, seq, us, ordering, older):
-    assert older_than_truncate(position, snapshot, "db.s.things", partition, seq, us, T, ordering) is older
 
 
 def test_the_newest_truncate_is_the_marker_and_survives_json():

@@ -1,46 +1,73 @@
-"""The retain rule and the compaction planner, table-driven (no Spark, but for the test that
-runs the retain table through the Spark column and SQL the job runs)."""
+"""The retain rule, the truncate rule and the compaction planner, table-driven: the rules as
+the Spark columns and SQL the job runs, the planner without Spark."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from pyspark.sql import functions as F
 
+from connector.core.ordering import Truncate
+from iceberg.compaction.dedupe import candidate_order, older_than_truncate
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
-from iceberg.compaction.retain import Fate, fate
+from iceberg.compaction.retain import action, purge_predicate
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
-
+# (op, the tombstone's expires_at, what the newest change of a key keeps at NOW)
 FATES = [
-    ("c", None, Fate.KEEP_ROW),
-    ("u", NOW - timedelta(days=9), Fate.KEEP_ROW),
-    ("r", None, Fate.KEEP_ROW),
-    ("d", NOW + timedelta(seconds=1), Fate.KEEP_TOMBSTONE),
-    ("d", None, Fate.KEEP_TOMBSTONE),
-    ("d", NOW, Fate.DROP),  # retention is "at least": expired exactly at expires_at
-    ("d", NOW - timedelta(hours=1), Fate.DROP),
+    ("c", None, "row"),
+    ("u", NOW - timedelta(days=9), "row"),
+    ("r", None, "row"),
+    ("d", NOW + timedelta(seconds=1), "tombstone"),
+    ("d", None, "tombstone"),
+    ("d", NOW, "nothing"),  # retention is "at least": expired exactly at expires_at
+    ("d", NOW - timedelta(hours=1), "nothing"),
 ]
 
 
-@pytest.mark.parametrize("op,expires_at,expected", FATES)
-def test_fate(op, expires_at, expected):
-    assert fate(op, expires_at, NOW) is expected
-
-
 @pytest.mark.spark
-def test_the_job_runs_the_same_rule(spark):
-    """The table above through the Spark column and the SQL predicate the job runs."""
-    from iceberg.compaction.retain import action, purge_predicate
-
-    rows = [(op, e) for op, e, _ in FATES]
-    df = spark.createDataFrame(rows, "op string, expires_at timestamp")
+def test_retain_rule(spark):
+    """The table above through the Spark column (a row or a tombstone) and the SQL predicate
+    (the purge of an expired tombstone) the job runs."""
+    df = spark.createDataFrame([(op, e) for op, e, _ in FATES], "op string, expires_at timestamp")
     got = df.select(
         action(df.op).alias("a"), df.expires_at.isNotNull().alias("known"), F.expr(purge_predicate(NOW)).alias("purged")
     ).collect()
     for (op, expires_at, expected), r in zip(FATES, got):
-        job = Fate.KEEP_ROW if r["a"] == "upsert" else Fate.DROP if r["known"] and r["purged"] else Fate.KEEP_TOMBSTONE
-        assert job is expected, (op, expires_at)
+        kept = "row" if r["a"] == "upsert" else "nothing" if r["known"] and r["purged"] else "tombstone"
+        assert kept == expected, (op, expires_at)
+
+
+# A truncate on partition 1 at offset 5, enqueued at t=100 us, at source position (50,).
+T = Truncate("db.s.things", 1, "5", 5, 100, (50,))
+
+# (position, snapshot, partition, sequence number, enqueued us, ordering, older than T)
+TRUNCATE_CASES = [
+    ((49,), False, 0, 9, 200, "source", True),  # an earlier position, whatever its offset or time
+    ((51,), False, 0, 0, 1, "source", False),
+    ((50,), True, 1, 9, 200, "source", True),  # a snapshot read at the truncate's own position
+    (None, False, 0, 9, 200, "source", True),  # no position is older than any
+    (None, False, 0, 9, 99, "log", True),  # another partition: enqueued before it
+    (None, False, 0, 0, 101, "log", False),  # another partition, enqueued after it, a lower offset
+    (None, False, 2, 99, 99, "log", True),  # a higher offset on another partition says nothing
+    (None, False, 1, 4, 500, "log", True),  # its own partition: the offset decides
+    (None, False, 1, 6, 50, "log", False),
+]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("ordering", ["source", "log"])
+def test_truncate_rule(spark, ordering):
+    """The table above through the Spark column the job runs over a round's candidates."""
+    cases = [c for c in TRUNCATE_CASES if c[5] == ordering]
+    rows = [("db.s.things", part, seq, us, pos and list(pos), snap) for pos, snap, part, seq, us, _, _ in cases]
+    df = spark.createDataFrame(
+        rows,
+        "_topic string, _partition_id int, _sequence_number long, us long, _source_position array<bigint>,"
+        " _snapshot boolean",
+    ).withColumn("_enqueued_time", F.timestamp_micros("us"))
+    got = df.withColumn("_o", candidate_order(ordering)).select(older_than_truncate(T, ordering)).collect()
+    assert [r[0] for r in got] == [c[6] for c in cases]
 
 
 def stats(point=0, clean=0, cleanable=100, end=10, first=NOW - timedelta(minutes=5)):

@@ -1,9 +1,10 @@
 """Tiers as data, start-up validation and the admit decision (pure, no Spark)."""
 
+import pyarrow as pa
 import pytest
 
 from connector.core.config import load_settings
-from quotas.admit import event_too_large, refuse, validate_table
+from quotas.admit import oversized, refuse, size_detail, validate_table
 from quotas.errors import QuotaConfigError
 from quotas.ledger import QuotaGate, table_quota
 from quotas.tiers import GB, KB, MB, TIERS
@@ -53,8 +54,8 @@ def test_valid_settings_pass():
 
 
 def test_event_size_limit():
-    assert event_too_large(TIERS["basic"], 256 * KB) is None
-    assert "262,145 bytes, over the basic tier limit of 262,144" in event_too_large(TIERS["basic"], 256 * KB + 1)
+    assert oversized(TIERS["basic"], pa.array([1, 256 * KB, 256 * KB + 1])).to_pylist() == [False, False, True]
+    assert "262,145 bytes, over the basic tier limit of 262,144" in size_detail(TIERS["basic"], 256 * KB + 1)
 
 
 @pytest.mark.parametrize(
