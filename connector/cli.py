@@ -89,8 +89,6 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log every 
     )
     if not verbose:  # librdkafka's retries while a broker is away: the error says it once
         logging.getLogger("librdkafka").setLevel(logging.CRITICAL)
-    if not console.is_terminal:  # no spinner in a log file: the compaction steps are the progress
-        logging.getLogger("iceberg.compaction.job").setLevel(logging.INFO)
 
 
 def _do_ingest(
@@ -217,12 +215,18 @@ JsonOpt = typer.Option(False, "--json", help="print JSON for scripts instead of 
 
 
 @app.command()
-def status(config: Path | None = ConfigOpt, as_json: bool = JsonOpt) -> None:
-    """Per table and stream: cleaner point, dirty ratio, live rows, tombstones, bytes (no Spark needed).
+def status(
+    config: Path | None = ConfigOpt,
+    as_json: bool = JsonOpt,
+    streams: bool = typer.Option(False, "--streams", help="a line per stream (partition) instead of per table"),
+) -> None:
+    """Per table: partitions, dirty events, live rows, tombstones and the fullest partition's
+    usage of its quota; per stream with --streams (cleaner point, dirty ratio); no Spark needed.
 
-    Example: `cdclake status -c lake.toml --json`"""
+    Examples: `cdclake status -c lake.toml`, `cdclake status -c lake.toml --streams`,
+    `cdclake status -c lake.toml --json` (per stream, every figure)"""
     settings = _settings(config)
-    _guard(lambda: print_status(settings, as_json))
+    _guard(lambda: print_status(settings, as_json, streams))
 
 
 @app.command()
@@ -356,6 +360,7 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
 
     Example: `cdclake demo --work-dir /tmp/cdclake-demo`"""
     from connector.demo import LATE_EVENTS, write_demo_file
+    from iceberg.spark import get_spark
 
     started = time.monotonic()
     if work_dir.exists():
@@ -378,31 +383,26 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
         _guard(lambda: _do_compact(settings, None, force=True, now=datetime.now(UTC)))
     console.rule("[bold]tables[/bold]")
     ns = settings.catalog.namespace
-    for t in ("customers", "orders", "products"):
-        _guard(
-            partial(
-                print_query,
-                settings,
-                f"SELECT * EXCEPT (_topic, _sequence_number, _enqueued_time, _source_ts, "
-                f"_payload_bytes, _snapshot) "
-                f"FROM {ns}.{t} ORDER BY _key",
-                50,
-            )
-        )
+    meta = "_key AS key, _partition_id AS part, _offset AS offset, _op AS op"
+    for t, columns in (
+        ("customers", "_source_position AS position, name, email"),
+        ("orders", "_source_position AS position, status, total"),
+        ("products", "name, weight"),
+    ):
+        _guard(partial(print_query, settings, f"SELECT {meta}, {columns} FROM {ns}.{t} ORDER BY _key", 50))
+    expires = "date_format(expires_at, 'yyyy-MM-dd HH:mm') AS expires"
     _guard(
         lambda: print_query(
             settings,
-            "SELECT 'customers' AS tbl, _key, _offset, _partition_id, expires_at FROM "
-            f"{ns}.customers__tombstones UNION ALL SELECT 'orders', _key, _offset, "
-            f"_partition_id, expires_at FROM {ns}.orders__tombstones",
+            f"SELECT 'customers' AS table, {meta}, {expires} FROM {ns}.customers__tombstones "
+            f"UNION ALL SELECT 'orders', {meta}, {expires} FROM {ns}.orders__tombstones",
             50,
         )
     )
-    _guard(
-        lambda: print_query(
-            settings, f"SELECT topic, partition, offset, reason, detail FROM {ns}.products__dead_letters", 50
-        )
-    )
+    dead = f"SELECT topic, partition, offset, reason, detail FROM {ns}.products__dead_letters"
+    console.print(Text(dead, style="bold"), soft_wrap=True)
+    for r in _guard(lambda: get_spark(settings).sql(dead).collect()):
+        console.print(Text(f"{r.topic}:{r.partition} offset {r.offset}: {r.reason}: {r.detail}"), soft_wrap=True)
     console.rule("[bold]status[/bold]")
     _guard(lambda: print_status(settings))
     _guard(lambda: print_quotas(settings))

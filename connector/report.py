@@ -1,13 +1,16 @@
 """What the CLI prints: tables that never cut a word (a plain `column: value` layout where
 they do not fit), JSON for scripts, and the reports of ingest, compaction, status, quotas
-and queries."""
+and queries. Sizes and shares read as a person says them (`1.2 KB of 1 GB`, `<0.01%`)."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -18,6 +21,7 @@ if TYPE_CHECKING:
     from connector.core.config import Settings
 
 console = Console()
+NUMBER = re.compile(r"-?[\d,]+(\.\d+)?( [KMGT]?B)?|-")
 
 
 class QueryError(ConnectorError):
@@ -25,9 +29,8 @@ class QueryError(ConnectorError):
 
 
 class WrappingTable(Table):
-    """A table that never cuts a word: a column is at least as wide as its longest word and
-    cells wrap between words; where that does not fit the console (a narrow terminal, a log),
-    `show` prints each row as `column: value` lines instead."""
+    """A table that keeps its cells as text, so that `show` can print each row as `column:
+    value` lines where the table would not fit the console without wrapping a cell."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -36,24 +39,28 @@ class WrappingTable(Table):
     def add_row(self, *cells: Any, **kwargs: Any) -> None:
         super().add_row(*cells, **kwargs)
         self.cells.append([str(c) for c in cells])
-        for column, cell in zip(self.columns, cells):
-            words = [len(w) for w in str(cell).split()] + [len(w) for w in str(column.header).split()]
-            column.min_width = max([column.min_width or 0, *words])
 
 
 def show(table: Table) -> None:
-    if sum(c.min_width or 1 for c in table.columns) + 3 * len(table.columns) + 1 <= console.width:
+    """The table's title on a line of its own (never wrapped to the table's width), then the
+    table where it fits the console with every cell on one line, else its rows as `column:
+    value` lines (a narrow terminal, a log)."""
+    title, table.title = str(table.title or ""), None
+    console.print(Text(title, style="bold"), soft_wrap=True)
+    rows = table.cells if isinstance(table, WrappingTable) else []
+    for i, column in enumerate(table.columns):  # figures right-aligned, text left
+        column.justify = "right" if rows and all(NUMBER.fullmatch(row[i]) for row in rows) else "left"
+    if Measurement.get(console, console.options.update(max_width=1 << 16), table).maximum <= console.width:
         console.print(table)
         return
-    console.print(Text(str(table.title or "")), style="bold")
-    for row in table.cells if isinstance(table, WrappingTable) else []:
+    for row in rows:
         for column, cell in zip(table.columns, row):
             console.print(Text(f"  {column.header}: {cell}"), soft_wrap=True)
         console.print()
 
 
 def table_of(*columns: str, title: str) -> Table:
-    table = WrappingTable(title=title)
+    table = WrappingTable(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     for c in columns:
         table.add_column(c, overflow="fold")
     return table
@@ -63,7 +70,8 @@ def print_json(rows: list[dict[str, Any]]) -> None:
     console.print_json(json.dumps(rows, default=str))
 
 
-def print_status(settings: Settings, as_json: bool = False) -> None:
+def print_status(settings: Settings, as_json: bool = False, streams: bool = False) -> None:
+    """One line per table (its fullest partition's usage), or per stream with `streams`."""
     from dataclasses import asdict
 
     from connector.app import status as get_status
@@ -71,41 +79,54 @@ def print_status(settings: Settings, as_json: bool = False) -> None:
     rows = get_status(settings)
     if as_json:
         return print_json([asdict(s) | {"usage_bytes": s.usage_bytes} for s in rows])
+    if streams:
+        table = table_of(
+            *("stream", "from", "cleaned", "dirty", "ratio", "rows", "tombstones", "usage"),
+            title="status per stream (from: the log's first offset; cleaned: the cleaner point)",
+        )
+        for s in rows:
+            table.add_row(
+                s.stream,
+                "-" if s.log_from is None else f"{s.log_from:,}",
+                f"{s.cleaner_point:,}",
+                f"{s.dirty_events:,}",
+                f"{s.dirty_ratio:.2f}",
+                f"{s.live_rows:,}",
+                f"{s.tombstones:,}",
+                usage_text(s.usage_bytes, s.quota_bytes),
+            )
+        return show(table)
     table = table_of(
-        "table",
-        "stream",
-        "log from",
-        "cleaner point",
-        "dirty events",
-        "dirty bytes",
-        "clean bytes",
-        "dirty ratio",
-        "live rows",
-        "tombstones",
-        "usage / quota",
-        title="status",
+        *("table", "parts", "dirty", "rows", "tombstones", "usage"),
+        title="status (parts: partitions; dirty: events to compact; usage: the fullest partition's)",
     )
+    by_table: dict[str, list[Any]] = {}
     for s in rows:
+        by_table.setdefault(s.table, []).append(s)
+    for name, ss in by_table.items():
+        full = max(ss, key=lambda s: s.usage_bytes)
         table.add_row(
-            s.table,
-            s.stream,
-            "-" if s.log_from is None else f"{s.log_from:,}",
-            f"{s.cleaner_point:,}",
-            f"{s.dirty_events:,}",
-            human_bytes(s.dirty_bytes),
-            human_bytes(s.clean_bytes),
-            f"{s.dirty_ratio:.2f}",
-            f"{s.live_rows:,}",
-            f"{s.tombstones:,}",
-            usage_text(s.usage_bytes, s.quota_bytes, s.tier),
+            name,
+            str(len(ss)),
+            f"{sum(s.dirty_events for s in ss):,}",
+            f"{sum(s.live_rows for s in ss):,}",
+            f"{sum(s.tombstones for s in ss):,}",
+            usage_text(full.usage_bytes, full.quota_bytes),
         )
     show(table)
 
 
-def usage_text(used: int, limit: int | None, tier: str) -> str:
+def share(part: float, whole: float) -> str:
+    """`part` of `whole` in percent, as a person reads it: `<0.01%`, `3.9%`, `100%`."""
+    pct = 100 * part / whole
+    return "0%" if part == 0 else "<0.01%" if pct < 0.01 else f"{pct:.2g}%" if pct < 10 else f"{pct:.0f}%"
+
+
+def usage_text(used: int, limit: int | None) -> str:
+    """`1.2 KB of 1 GB (<0.01%)`, or the bytes alone where the tier sets no compacted quota."""
     if limit is None:
-        return f"{human_bytes(used)} ({tier}: no compacted quota)"
-    return f"{100 * used / limit:.4g}% of {human_bytes(limit)} ({tier})"
+        return human_bytes(used)
+    return f"{human_bytes(used)} of {human_bytes(limit)} ({share(used, limit)})"
 
 
 def print_quotas(settings: Settings, as_json: bool = False) -> None:
@@ -136,12 +157,12 @@ def print_quotas(settings: Settings, as_json: bool = False) -> None:
     table = table_of(
         "tier",
         "compaction",
-        "compacted size / partition",
-        "max event",
-        "max partitions",
-        "max retention (days)",
-        "consumer groups",
-        title="tiers",
+        "quota",
+        "event",
+        "partitions",
+        "days",
+        "groups",
+        title="tiers (quota: compacted bytes per partition; event: its largest size; days: longest retention)",
     )
     for q in tiers(settings).values():
         table.add_row(
@@ -155,17 +176,10 @@ def print_quotas(settings: Settings, as_json: bool = False) -> None:
         )
     show(table)
     table = table_of(
-        "table",
-        "stream",
-        "tier",
-        "usage",
-        "quota",
-        title="usage per partition (state + tombstones + dirty log, key + payload bytes)",
+        "stream", "table", "tier", "usage", title="usage per partition (state + tombstones + dirty log: key + payload)"
     )
     for s in usage:
-        table.add_row(
-            s.table, s.stream, s.tier, human_bytes(s.usage_bytes), usage_text(s.usage_bytes, s.quota_bytes, s.tier)
-        )
+        table.add_row(s.stream, s.table, s.tier, usage_text(s.usage_bytes, s.quota_bytes))
     show(table)
 
 
@@ -198,36 +212,29 @@ def print_ingest(stats: Any) -> None:
 
 
 def print_compaction(reports: list[Any]) -> None:
-    table = table_of(
-        "table",
-        "streams",
-        "events",
-        "keys",
-        "upserts",
-        "deletes",
-        "stale",
-        "truncates",
-        "dead letters",
-        "purged",
-        "maintenance",
-        "seconds",
-        title="compaction",
-    )
+    """One row per table, then a line for each table's stale events, truncates, dead letters,
+    purged tombstones and maintenance, where it has any."""
+    table = table_of("table", "events", "keys", "upserts", "deletes", "stale", "seconds", title="compaction")
+    notes = []
     for r in reports:
-        stale = "\n".join(f"{n:,} {reason}" for reason, n in sorted(r.stale_reasons.items())) or "0"
-        truncates = f"{r.truncates} ({r.truncated:,} keys)" if r.truncates else "0"
         table.add_row(
             r.table,
-            str(len(r.ranges)),
-            f"{r.events:,}",
-            f"{r.keys:,}",
-            f"{r.upserts:,}",
-            f"{r.deletes:,}",
-            stale,
-            truncates,
-            f"{r.refused:,}",
-            f"{r.purged:,}",
-            "\n".join(r.maintenance) or "-",
+            *[f"{n:,}" for n in (r.events, r.keys, r.upserts, r.deletes, r.stale)],
             f"{r.seconds:.1f}",
         )
+        notes += [f"{r.table}: {note}" for note in compaction_notes(r)]
     show(table)
+    for line in notes:
+        console.print(Text(line), soft_wrap=True)
+
+
+def compaction_notes(r: Any) -> list[str]:
+    """What a round did beside its upserts and deletes, a phrase each."""
+    return [
+        *([f"stale: {', '.join(f'{n:,} {why}' for why, n in sorted(r.stale_reasons.items()))}"] if r.stale else []),
+        *([f"truncates: {r.truncates} ({r.truncated:,} keys removed)"] if r.truncates else []),
+        *([f"dead letters: {r.refused:,} (schema)"] if r.refused else []),
+        *([f"purged: {r.purged:,} expired tombstones"] if r.purged else []),
+        *([f"trimmed: {r.trimmed:,} log rows past retention"] if r.trimmed else []),
+        *[f"maintenance: {m}" for m in r.maintenance],
+    ]

@@ -96,6 +96,7 @@ def test_the_demo_leaves_a_configuration_that_every_command_runs_on(tmp_path):
     """`cdclake demo` in its own process (its own catalog), then `status` and `read` on its
     tables through the configuration it leaves: what `read` gives is each key the demo's
     state and tombstone tables hold (read here with pyiceberg), once."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -107,12 +108,22 @@ def test_the_demo_leaves_a_configuration_that_every_command_runs_on(tmp_path):
 
     def cli(*args: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "connector.cli", *args], capture_output=True, text=True, timeout=600, cwd=root
+            [sys.executable, "-m", "connector.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=root,
+            env={**os.environ, "COLUMNS": "80"},
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout
 
     said = cli("demo", "--work-dir", str(work))
+    rows = [line.split() for line in said.splitlines()]
+    # on 80 columns, its tables are tables, each row on a line of its own
+    assert ['{"id":4}', "0", "1", "r", "[1000]", "Anne", "anne@kretchmar.net"] in rows, said
+    assert ["customers", "2", "0", "4", "2", "1.18", "KB", "of", "1", "GB", "(<0.01%)"] in rows, said
+    assert not [line for line in said.splitlines() if " INFO " in line], "step timings only with -v"
     config = work / "cdclake.toml"
     assert f"cdclake status -c {config}" in " ".join(said.split())
     statuses = json.loads(cli("status", "-c", str(config), "--json"))
