@@ -12,9 +12,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras='[test]'
 $runtime && extras=''
-if [ ! -f .venv/.stamp ] || [ pyproject.toml -nt .venv/.stamp ]; then
+stamp=.venv/.stamp-test
+$runtime && stamp=.venv/.stamp-runtime   # a runtime set-up does not stand for the tests' packages
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
-  touch .venv/.stamp
+  touch "$stamp"
 fi
 bash infra/fetch-jars.sh
 $runtime && exit 0

@@ -56,7 +56,7 @@ class CatalogConfig(Section):
     warehouse: str | None = Field(
         None, description="warehouse location: a path, s3://bucket/prefix, abfs://...; default <work_dir>/warehouse"
     )
-    namespace: str = "cdc"
+    namespace: str = Field("cdc", description="namespace (database) of the connector's tables")
     properties: dict[str, str] = Field(
         default_factory=dict,
         description="FileIO properties for pyiceberg and Spark's catalog alike (s3.endpoint, s3.access-key-id, ...)",
@@ -64,12 +64,32 @@ class CatalogConfig(Section):
 
 
 class CompactionConfig(Section):
-    ordering: Literal["source", "log"] = "source"
-    min_cleanable_dirty_ratio: float = Field(0.5, ge=0.0, le=1.0)
-    min_compaction_lag_seconds: float = Field(0.0, ge=0.0)
-    max_compaction_lag_seconds: float | None = Field(None, gt=0.0, description="unset = infinite")
-    tombstone_retention_hours: float = Field(24.0, ge=0.0)
-    log_retention_hours: float = Field(24.0, gt=0.0, description="retention of the raw log (tier-checked)")
+    ordering: Literal["source", "log"] = Field(
+        "source",
+        description="which change to a key is newest: source (the Debezium position, then the log position) "
+        "or log (the highest offset, as Event Hubs and Kafka compaction); see docs/semantics.md",
+    )
+    min_cleanable_dirty_ratio: float = Field(
+        0.5, ge=0.0, le=1.0, description="compact a partition once this share of its bytes is dirty (uncompacted)"
+    )
+    min_compaction_lag_seconds: float = Field(
+        0.0, ge=0.0, description="events younger than this are not compacted yet (they stay readable in the log)"
+    )
+    max_compaction_lag_seconds: float | None = Field(
+        None,
+        gt=0.0,
+        description="compact a partition whose oldest dirty event is this old, whatever its ratio; "
+        "unset = never forced",
+    )
+    tombstone_retention_hours: float = Field(
+        24.0, ge=0.0, description="a delete's tombstone stays readable (and guards its key) this long, then is purged"
+    )
+    log_retention_hours: float = Field(
+        24.0,
+        gt=0.0,
+        description="the raw log keeps every event this long, and beyond it what a key still needs (checked "
+        "against the tier's retention)",
+    )
     between_batches: bool = Field(
         False,
         description="compact the tables a batch touched after every ingest batch / micro-batch "
@@ -116,24 +136,30 @@ class LimitsConfig(Section):
 class TableConfig(Section):
     key_fields: list[str] = Field(default_factory=list, description="payload fields forming the key")
     tier: str | None = Field(None, description="Event Hubs tier of this table; default quotas.default_tier")
-    compaction: bool = True
+    compaction: bool = Field(True, description="false: the log only (required on the basic tier)")
     partitions: int | None = Field(None, gt=0, description="partitions of the event hub (checked against the tier)")
-    log_retention_hours: float | None = Field(None, gt=0.0)
+    log_retention_hours: float | None = Field(None, gt=0.0, description="override of compaction.log_retention_hours")
     max_event_bytes: int | None = Field(None, gt=0, description="override of the tier's event size limit")
     compacted_bytes_per_partition: int | None = Field(None, gt=0, description="override of the tier's quota")
 
 
 class CustomTier(Section):
-    compaction_supported: bool = True
-    compacted_bytes_per_partition: int | None = Field(None, gt=0)
-    max_event_bytes: int = Field(1024**2, gt=0)
-    max_partitions: int = Field(32, gt=0)
-    max_retention_days: int = Field(7, gt=0)
-    consumer_groups: int = Field(20, gt=0)
+    compaction_supported: bool = Field(True, description="tables of this tier may be compacted")
+    compacted_bytes_per_partition: int | None = Field(
+        None, gt=0, description="what a partition may hold (state + tombstones + dirty log); unset = no limit"
+    )
+    max_event_bytes: int = Field(1024**2, gt=0, description="largest event; a larger one is a dead letter")
+    max_partitions: int = Field(32, gt=0, description="partitions a table may receive from")
+    max_retention_days: int = Field(7, gt=0, description="longest log retention")
+    consumer_groups: int = Field(20, gt=0, description="consumer groups (for the Event Hubs template)")
 
 
 class QuotaConfig(Section):
-    default_tier: str = "standard"
+    default_tier: str = Field(
+        "standard",
+        description="Event Hubs tier of a table that names none: basic, standard, premium, dedicated, "
+        "or one of quotas.custom",
+    )
     policy: Literal["fail", "backpressure"] = Field(
         "fail", description="fail: stop with QuotaExceededError; backpressure: pause the partition, compact, resume"
     )
@@ -148,9 +174,11 @@ class SparkConfig(Section):
         "spark-submit was given, else local[*]",
     )
     driver_memory: str = Field("4g", description="JVM heap of the driver, e.g. 4g, 512m")
-    shuffle_partitions: int = Field(8, gt=0)
+    shuffle_partitions: int = Field(8, gt=0, description="spark.sql.shuffle.partitions: about 4x the cores")
     jars_dir: str | None = Field(None, description="directory of Spark's JVM jars; default <repo>/.cache/jars")
-    conf: dict[str, str] = Field(default_factory=dict)
+    conf: dict[str, str] = Field(
+        default_factory=dict, description='more Spark settings, e.g. {"spark.executor.memory" = "8g"}; they win'
+    )
 
     @field_validator("master")
     @classmethod
@@ -173,7 +201,7 @@ class SparkConfig(Section):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CDCLAKE_", env_nested_delimiter="__", extra="forbid", frozen=True)
 
-    work_dir: Path = Path(".cdclake")
+    work_dir: Path = Field(Path(".cdclake"), description="where the embedded default keeps catalog.db and warehouse/")
     catalog: CatalogConfig = CatalogConfig()
     source: SourceConfig = FileSourceConfig()
     compaction: CompactionConfig = CompactionConfig()

@@ -19,6 +19,7 @@ class Section(BaseModel):
 
 
 EVENTHUBS_KAFKA_PORT = 9093
+_TYPE = "the source: file, kafka, eventhubs-kafka or eventhubs; the other keys of this section depend on it"
 
 
 def starting_text(start: str | int | datetime) -> str:
@@ -47,7 +48,7 @@ class _SourceBase(Section):
 class FileSourceConfig(_SourceBase):
     """A kcat -J dump (JSON lines), replayed."""
 
-    type: Literal["file"] = "file"
+    type: Literal["file"] = Field("file", description=_TYPE)
     path: str | None = Field(None, description="a kcat -J dump (JSON lines), a directory of them, or a glob")
     topic: str | None = Field(None, description="topic for file lines that carry none")
 
@@ -72,7 +73,11 @@ class KafkaCommonConfig(_SourceBase):
         True, description="stop when committed offsets no longer exist in the source (retention, compaction)"
     )
     unavailable_timeout_seconds: float = Field(60.0, gt=0, description="broker unreachable this long: fail")
-    kafka: dict[str, str] = Field(default_factory=dict, description="extra librdkafka settings")
+    kafka: dict[str, str] = Field(
+        default_factory=dict,
+        description="more Kafka client settings by their librdkafka names (client.id, ssl.ca.location...); "
+        "Spark's Kafka source gets them as kafka.<name>",
+    )
 
     def kafka_settings(self) -> dict[str, str]:
         """librdkafka settings (hold the secret)."""
@@ -86,11 +91,11 @@ class KafkaCommonConfig(_SourceBase):
 class KafkaSourceConfig(KafkaCommonConfig):
     """A Kafka cluster."""
 
-    type: Literal["kafka"]
+    type: Literal["kafka"] = Field(description=_TYPE)
     bootstrap_servers: str = Field(description="host:port list")
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    sasl_mechanism: str | None = Field(None, description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+    sasl_username: str | None = Field(None, description="SASL user")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (better CDCLAKE_SOURCE__SASL_PASSWORD)")
 
     def kafka_settings(self) -> dict[str, str]:
         conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol or "PLAINTEXT"}
@@ -116,7 +121,7 @@ def _event_hubs_connection_string(cs: SecretStr) -> SecretStr:
 class EventHubsKafkaSourceConfig(KafkaCommonConfig):
     """Event Hubs through its Kafka endpoint."""
 
-    type: Literal["eventhubs-kafka"]
+    type: Literal["eventhubs-kafka"] = Field(description=_TYPE)
     namespace: str | None = Field(None, description="Event Hubs namespace: <namespace>.servicebus.windows.net:9093")
     bootstrap_servers: str | None = Field(None, description="host:port, instead of the namespace's")
     connection_string: SecretStr = Field(description="Event Hubs connection string")
@@ -147,17 +152,17 @@ class EventHubsKafkaSourceConfig(KafkaCommonConfig):
 class EventHubsSourceConfig(_SourceBase):
     """Event Hubs over AMQP (azure-eventhub)."""
 
-    type: Literal["eventhubs"]
+    type: Literal["eventhubs"] = Field(description=_TYPE)
     connection_string: SecretStr = Field(description="Event Hubs connection string")
     event_hub: str | None = Field(None, description="event hub name; default the EntityPath")
-    consumer_group: str = "$Default"
+    consumer_group: str = Field("$Default", description="consumer group to read as")
     starting_position: Literal["earliest", "latest"] | int | datetime = _STARTING
     reader: str = Field("connector.sources.eventhubs:sdk_reader", description="module:factory of the reader")
-    reader_options: dict[str, str] = Field(default_factory=dict)
+    reader_options: dict[str, str] = Field(default_factory=dict, description="more options for the reader")
     checkpoint_connection_string: SecretStr | None = Field(
         None, description="Azure Blob connection string: positions are mirrored to a BlobCheckpointStore"
     )
-    checkpoint_container: str | None = None
+    checkpoint_container: str | None = Field(None, description="blob container of the checkpoint store")
 
     @model_validator(mode="after")
     def _check(self) -> EventHubsSourceConfig:

@@ -1,5 +1,6 @@
 import json
 from datetime import UTC
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -262,3 +263,14 @@ def test_a_directory_or_a_glob_of_dumps_is_read_file_by_file(spark, settings, tm
     assert sorted(log["sequence_number"].to_pylist()) == list(range(9))
     (dead,) = catalog.load_table((ns, "part_1__dead_letters")).scan().to_arrow().to_pylist()
     assert (dead["topic"], dead["offset"]) == ("cdclake.file.part-1", "4")  # its own file's line number
+
+
+def test_the_configuration_reference_is_current_and_describes_every_key():
+    """docs/configuration.md is what `python -m connector.config_reference` prints, and every
+    key in it says what it does."""
+    from connector.config_reference import keys, reference, sections
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+    assert docs.read_text() == reference(), "run: python -m connector.config_reference > docs/configuration.md"
+    bare = [f"{h} {n}" for h, model, _ in sections() for n, f in keys(model) if not f.description]
+    assert bare == [], "describe these keys (Field(description=...))"
