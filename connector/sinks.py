@@ -29,17 +29,8 @@ from connector.core.errors import ConcurrentWriterError
 from connector.core.faults import crash_point
 from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
 from iceberg.leases import Lease
-from iceberg.log_writer import (
-    POSITIONS_PROPERTY,
-    WRITER_PROPERTY,
-    FileTarget,
-    append_with_positions,
-    commit_data_files,
-    committed_positions,
-    summary_properties,
-    summary_value,
-    upgrade,
-)
+from iceberg.log_writer import FileTarget, append_with_positions, commit_data_files, committed_positions, upgrade
+from iceberg.summary_keys import POSITIONS, WRITER
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +88,7 @@ class Sinks:
         return {s: max(held.get(s, 0), positions.get(s, 0)) for s in held.keys() | positions.keys()}
 
     def _props(self, positions: Mapping[str, int] | None) -> dict[str, str]:
-        return {**(summary_properties(positions) if positions is not None else {}), WRITER_PROPERTY: self.writer}
+        return {**(POSITIONS.entry(dict(positions)) if positions is not None else {}), **WRITER.entry(self.writer)}
 
     def targets(self) -> dict[str, FileTarget]:
         """What a Spark task needs to write data files of each known table."""
@@ -186,7 +177,7 @@ class Sinks:
 
     def conflict(self, name: str) -> None:
         """Stop: another writer moved the table's positions past what this run read."""
-        other = summary_value(self.tables[name], WRITER_PROPERTY, with_key=POSITIONS_PROPERTY) or "another writer"
+        other = WRITER.read(self.tables[name], with_key=POSITIONS) or "another writer"
         raise ConcurrentWriterError(
             f"table {self.namespace}.{name}: {other} committed positions while this ingest was writing; "
             "nothing of this batch was committed to it and this run stops. Run one ingest per table at a "

@@ -4,15 +4,14 @@ Rows are written as Parquet data files where they are (on Spark's executors, by 
 `DataFileWriter` with a `FileTarget` shipped from the driver) and committed by the driver
 (`commit_data_files`): no row crosses back to the JVM or to the driver.
 
-The snapshot summary key `cdclake.positions` holds, as JSON, the next sequence number to
-read per stream (`topic:partition`) for everything this table has accounted for. It is
-written in the commit that adds the rows, and recovered by walking the snapshot ancestry
-(maintenance commits in between carry no positions and are skipped).
+The snapshot summary key `summary_keys.POSITIONS` holds the next sequence number to read per
+stream (`topic:partition`) for everything this table has accounted for. It is written in the
+commit that adds the rows, and recovered by walking the snapshot ancestry (maintenance commits
+in between carry no positions and are skipped).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import uuid
@@ -32,36 +31,13 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import StringType
 
 from connector.core.faults import crash_point
+from iceberg.summary_keys import POSITIONS
 
 log = logging.getLogger(__name__)
 
-POSITIONS_PROPERTY = "cdclake.positions"
-WRITER_PROPERTY = "cdclake.writer"  # which process made the commit (host and pid)
-
-
-def summary_value(table: Table, key: str, with_key: str | None = None, snapshot_id: int | None = None) -> str | None:
-    """The value of `key` in the newest snapshot of the current ancestry (of `snapshot_id`'s)
-    that has it (or that has `with_key`: `key` of the newest snapshot that recorded
-    positions, say)."""
-    snapshot = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
-    while snapshot is not None:
-        props = snapshot.summary.additional_properties if snapshot.summary else {}
-        if (with_key or key) in props:
-            return props.get(key)
-        if snapshot.parent_snapshot_id is None:
-            return None
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
-    return None
-
 
 def committed_positions(table: Table) -> dict[str, int]:
-    raw = summary_value(table, POSITIONS_PROPERTY)
-    return {k: int(v) for k, v in json.loads(raw).items()} if raw else {}
-
-
-def summary_properties(positions: Mapping[str, int]) -> dict[str, str]:
-    """The snapshot summary entries that record `positions`."""
-    return {POSITIONS_PROPERTY: json.dumps(dict(sorted(positions.items())), separators=(",", ":"))}
+    return POSITIONS.read(table) or {}
 
 
 def append_with_positions(
@@ -74,7 +50,7 @@ def append_with_positions(
 ) -> None:
     """Append `rows` (possibly none) and record `positions` (None: leave them as they are) in
     the same snapshot of `branch`. pyiceberg retries a commit that met another on top of it."""
-    props = {**(summary_properties(positions) if positions is not None else {}), **(props or {})}
+    props = {**(POSITIONS.entry(dict(positions)) if positions is not None else {}), **(props or {})}
     with table.transaction() as tx:
         tx.append(rows.cast(table.schema().as_arrow()), snapshot_properties=props, branch=branch)
         crash_point(f"{crash_tag}.before-commit")  # data files written, nothing committed

@@ -16,9 +16,9 @@ round, per table:
   them all every round;
 - **expire** its snapshots older than `snapshot_retention` (time travel reaches that far
   back), with the files only they refer to (`expire_snapshots`), once `expire_batch` of
-  them are due. Never the newest snapshot carrying the cleaner points (the ingest
-  positions, in the log): a rewrite's own snapshot has none, and they are read from the
-  newest ancestor that has them;
+  them are due. Never the newest snapshot carrying the table's marker
+  (`summary_keys.MARKERS`: the cleaner points; the ingest positions, in the log): a
+  rewrite's own snapshot has none, and they are read from the newest ancestor that has them;
 - **remove orphan files** with each expiry: files in the table's location that no snapshot
   refers to and older than `orphan_age` (Iceberg's `remove_orphan_files`): what a failed or
   killed write left (Parquet, manifests, metadata JSON). The age keeps a write in progress
@@ -35,9 +35,13 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
     from pyspark.sql import SparkSession
+
+    from iceberg.summary_keys import SummaryKey
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +117,14 @@ def sql_literal(text: str) -> str:
 
 @dataclass(frozen=True)
 class Upkeep:
-    """A table to maintain. `marker`: the snapshot property that must stay reachable (the
-    cleaner points, the ingest positions; None: none). `append_only`: the log and dead
-    letters, which ingest appends to (maybe at the same time, from another process; its
-    commits retry on a conflict): only their manifests are rewritten, one per commit
-    otherwise, which every scan plan reads."""
+    """A table to maintain. `marker`: the summary key whose newest snapshot expiry keeps, so
+    that it and the carried keys written with it stay reachable (`summary_keys.MARKERS`; None:
+    none). `append_only`: the log and dead letters, which ingest appends to (maybe at the same
+    time, from another process; its commits retry on a conflict): only their manifests are
+    rewritten, one per commit otherwise, which every scan plan reads."""
 
     name: str
-    marker: str | None = None
+    marker: SummaryKey[Any] | None = None
     append_only: bool = False
 
 
@@ -170,10 +174,7 @@ def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, p
         )
         done.append(f"rewrite {name}")
         table = catalog.load_table(name)
-    snapshots = [
-        (s.timestamp_ms, bool(marker and s.summary and marker in s.summary.additional_properties))
-        for s in table.snapshots()
-    ]
+    snapshots = [(s.timestamp_ms, marker is not None and marker.held_by(s)) for s in table.snapshots()]
     now_ms = int(datetime.now(UTC).timestamp() * 1000)  # snapshots carry wall-clock times
     cutoff = expire_before(snapshots, now_ms, policy)
     if cutoff is not None:

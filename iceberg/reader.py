@@ -10,7 +10,6 @@ that snapshot, the tombstones and the log as they were when it was committed.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,9 +21,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from connector.core.errors import ConnectorError
-from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY
 from iceberg.layouts import TableNames
-from iceberg.log_writer import summary_value
+from iceberg.summary_keys import CLEANER_POINTS
 
 COLUMNS = ["topic", "partition", "offset", "sequence_number", "enqueued_time", "key", "value", "tombstone"]
 
@@ -52,8 +50,7 @@ def horizon(catalog: Catalog, names: TableNames, as_of: int | None = None) -> Ho
             )
         return None
     assert state is not None
-    raw = summary_value(state, CLEANER_POINTS_PROPERTY, snapshot_id=snapshot.snapshot_id)
-    points = {k: int(v) for k, v in json.loads(raw).items()} if raw else {}
+    points = CLEANER_POINTS.read(state, snapshot_id=snapshot.snapshot_id) or {}
     return Horizon(snapshot.snapshot_id, datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC), points)
 
 

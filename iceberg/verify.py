@@ -12,8 +12,9 @@ another log position `different offset`, and the same position with other column
 have been purged: its absence is not a difference.
 
 `rebuild` holds the table's compaction lease, and overwrites the tombstones, then the state
-(with the recomputed cleaner points, truncate marker and bytes in the same commit), each in
-one snapshot: a reader of either table sees it whole before or whole after.
+(with the recomputation's summary entries that `summary_keys` says rebuild keeps: cleaner
+points, truncate marker, ordering rule and bytes, in the same commit), each in one snapshot:
+a reader of either table sees it whole before or whole after.
 """
 
 from __future__ import annotations
@@ -153,34 +154,29 @@ def rebuild(
     report's horizon says from which events."""
     from iceberg import leases
     from iceberg.compaction import schema, writes
-    from iceberg.compaction.report import ORDERING_PROPERTY, TRUNCATE_PROPERTY
-    from iceberg.compaction.retention import TRIMMED_PROPERTY
-    from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, STREAM_BYTES_PROPERTY
-    from iceberg.log_writer import summary_value
+    from iceberg.summary_keys import ORDERING, TRIMMED_BEFORE, TableKind, rebuild_entries
 
     report = VerifyReport(names.table)
-    built_by = (
-        summary_value(catalog.load_table(names.state), ORDERING_PROPERTY) if catalog.table_exists(names.state) else None
-    )
-    trimmed = summary_value(catalog.load_table(names.log), TRIMMED_PROPERTY)
+    built_by = ORDERING.read(catalog.load_table(names.state)) if catalog.table_exists(names.state) else None
+    trimmed = TRIMMED_BEFORE.read(catalog.load_table(names.log))
     if trimmed and built_by and built_by != policy.ordering:
         raise RebuildRefusedError(
             f"table {names.state}: built by the {built_by!r} ordering rule, and log retention removed the events "
-            f"enqueued before {trimmed} that were not its winners; under the {policy.ordering!r} rule some of them "
-            "may win, so the log no longer holds what a rebuild needs. Keep the ordering rule, or rebuild from a "
-            "complete copy of the log"
+            f"enqueued before {trimmed.isoformat()} that were not its winners; under the {policy.ordering!r} rule "
+            "some of them may win, so the log no longer holds what a rebuild needs. Keep the ordering rule, or "
+            "rebuild from a complete copy of the log"
         )
     lease = leases.acquire(catalog, names.state, "compaction", wait)  # type: ignore[arg-type]
     try:
         with recomputed(spark, catalog, names, policy, now) as scratch:
             _horizon(spark, names, report)
             schema.ensure_tables(spark, names)
-            for name, built, keys in (
-                (names.tombstones, scratch.tombstones, (STREAM_BYTES_PROPERTY,)),
-                (names.state, scratch.state, (CLEANER_POINTS_PROPERTY, TRUNCATE_PROPERTY, STREAM_BYTES_PROPERTY)),
-            ):
-                source = catalog.load_table(built)
-                props = {k: v for k in keys if (v := summary_value(source, k)) is not None}
+            replaced: list[tuple[TableKind, str, str]] = [
+                ("tombstones", names.tombstones, scratch.tombstones),
+                ("state", names.state, scratch.state),
+            ]
+            for kind, name, built in replaced:
+                props = rebuild_entries(catalog.load_table(built), kind)
                 have = set(spark.table(names.spark(name)).columns)
                 new = [f for f in spark.table(scratch.spark(built)).schema.fields if f.name not in have]
                 if new:

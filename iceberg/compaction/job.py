@@ -41,13 +41,8 @@ from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.policy import CompactionPolicy, plan
 from iceberg.compaction.report import (
-    ORDERING_PROPERTY,
-    STALE_PROPERTY,
-    STATS_PROPERTY,
-    TRUNCATE_PROPERTY,
     CompactionReport,
     Steps,
-    compact_json,
     has_rows,
     may_expire,
     range_filter,
@@ -57,8 +52,6 @@ from iceberg.compaction.report import (
 from iceberg.compaction.retain import purge_predicate
 from iceberg.compaction.retention import trim
 from iceberg.compaction.stats import (
-    CLEANER_POINTS_PROPERTY,
-    STREAM_BYTES_PROPERTY,
     cleaner_points,
     held_bytes,
     load_optional,
@@ -66,8 +59,16 @@ from iceberg.compaction.stats import (
     sum_streams,
 )
 from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
-from iceberg.log_writer import POSITIONS_PROPERTY
 from iceberg.maintenance import Upkeep, maintain
+from iceberg.summary_keys import (
+    CLEANER_POINTS,
+    MARKERS,
+    ORDERING,
+    ROUND_RANGES,
+    STALE_REASONS,
+    STREAM_BYTES,
+    TRUNCATE,
+)
 from quotas.metrics import STALE
 
 log = logging.getLogger(__name__)
@@ -331,7 +332,7 @@ class Round:
 
     def recorded(self, name: str) -> dict[str, str]:
         """The snapshot property recording the bytes per stream `name` holds."""
-        return {STREAM_BYTES_PROPERTY: compact_json({s: b for s, b in sorted(self.bytes[name].items()) if b})}
+        return STREAM_BYTES.entry({s: b for s, b in self.bytes[name].items() if b})
 
     def write_tombstones(self) -> None:
         """5. MERGE the tombstones: a delete's own, removed for a key written or truncated."""
@@ -365,11 +366,11 @@ class Round:
         writes.state_source(self.changes, self.columns).createOrReplaceTempView("cdclake_changes")
         points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
         props = {
-            CLEANER_POINTS_PROPERTY: compact_json(dict(sorted(points.items()))),
-            STATS_PROPERTY: compact_json(report.summary()["ranges"]),
-            STALE_PROPERTY: compact_json(dict(sorted(report.stale_reasons.items()))),
-            ORDERING_PROPERTY: self.policy.ordering,
-            **({TRUNCATE_PROPERTY: self.table_truncate.to_json()} if self.table_truncate else {}),
+            **CLEANER_POINTS.entry(points),
+            **ROUND_RANGES.entry(report.summary()["ranges"]),
+            **STALE_REASONS.entry(report.stale_reasons),
+            **ORDERING.entry(self.policy.ordering),
+            **(TRUNCATE.entry(self.table_truncate) if self.table_truncate else {}),
             **self.recorded(names.state),
         }
         meta = [n for n, _ in META_COLUMNS]
@@ -415,11 +416,11 @@ class Round:
         """8. Small files, deleted rows and the log's manifests rewritten, old snapshots expired."""
         names = self.names
         upkeep = [
-            Upkeep(names.state, CLEANER_POINTS_PROPERTY),
-            Upkeep(names.tombstones, STREAM_BYTES_PROPERTY),
+            Upkeep(names.state, MARKERS["state"]),
+            Upkeep(names.tombstones, MARKERS["tombstones"]),
             *[
-                Upkeep(n, POSITIONS_PROPERTY, append_only=True)
-                for n in (names.log, names.dead_letters)
+                Upkeep(n, marker, append_only=True)
+                for n, marker in ((names.log, MARKERS["log"]), (names.dead_letters, MARKERS["dead_letters"]))
                 if self.catalog.table_exists(n)
             ],
         ]

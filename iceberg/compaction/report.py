@@ -1,10 +1,10 @@
-"""What a compaction round records and reads about its table: the snapshot properties it
-writes, its report, the truncate marker, the cheap checks made from metadata (has rows, may
-hold an expired tombstone), the round's truncates, and its progress step by step."""
+"""What a compaction round records and reads about its table: its report, the truncate
+marker, the cheap checks made from metadata (has rows, may hold an expired tombstone), the
+round's truncates, and its progress step by step. The snapshot properties it writes are
+`iceberg.summary_keys`."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,15 +20,10 @@ from connector.core.ordering import Ordering, Truncate
 from iceberg import leases
 from iceberg.compaction.policy import CleanRange
 from iceberg.layouts import TableNames
-from iceberg.log_writer import summary_value
 from iceberg.maintenance import sql_literal
+from iceberg.summary_keys import TRUNCATE
 
 log = logging.getLogger("iceberg.compaction.job")  # the round's progress lines, with the job's own
-
-STATS_PROPERTY = "cdclake.compaction"
-TRUNCATE_PROPERTY = "cdclake.truncate"  # the table's truncate marker, carried by every round's commit
-STALE_PROPERTY = "cdclake.stale"  # the round's stale events by reason
-ORDERING_PROPERTY = "cdclake.ordering"  # the ordering rule the state was built by
 
 
 @dataclass
@@ -63,10 +58,6 @@ def range_filter(ranges: list[CleanRange]) -> str:
         )
 
     return " OR ".join(one(r) for r in ranges)
-
-
-def compact_json(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 def has_rows(catalog: Catalog, name: str) -> bool:
@@ -120,8 +111,7 @@ def round_truncates(dirty: DataFrame, ordering: Ordering) -> list[Truncate]:
 
 def truncate_marker(catalog: Catalog, names: TableNames) -> Truncate | None:
     """The table's truncate marker, from the newest state snapshot that carries one."""
-    raw = summary_value(catalog.load_table(names.state), TRUNCATE_PROPERTY)
-    return Truncate.from_json(raw) if raw else None
+    return TRUNCATE.read(catalog.load_table(names.state))
 
 
 class Steps:

@@ -7,7 +7,7 @@ recomputation). The rest older than the cut-off is removed by a row delete, once
 whose `enqueued_time` bounds say they may hold old rows hold more rows than the state and
 tombstones (the most the keys keep): a steady stream trims in batches, not each round. Dead
 letters older than the cut-off go too. The log's trimming commit records the cut-off
-(`TRIMMED_PROPERTY`).
+(`summary_keys.TRIMMED_BEFORE`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from pyspark.sql import functions as F
 from iceberg.compaction import writes
 from iceberg.compaction.stats import cleaner_points, load_optional
 from iceberg.layouts import TableNames
-
-TRIMMED_PROPERTY = "cdclake.trimmed-before"  # on the log: rows enqueued before this were trimmed
+from iceberg.summary_keys import TRIMMED_BEFORE
 
 
 def _rows(catalog: Catalog, name: str) -> int:
@@ -71,7 +70,7 @@ def trim(spark: SparkSession, catalog: Catalog, names: TableNames, cutoff: datet
                 spark,
                 f"MERGE INTO {names.spark(names.log)} t USING cdclake_trim s ON t.topic = s.topic "
                 "AND t.partition = s.partition AND t.sequence_number = s.sequence_number WHEN MATCHED THEN DELETE",
-                {TRIMMED_PROPERTY: cutoff.isoformat()},
+                TRIMMED_BEFORE.entry(cutoff),
             )
     if catalog.table_exists(names.dead_letters) and any(
         True for _ in catalog.load_table(names.dead_letters).scan(row_filter=old).plan_files()

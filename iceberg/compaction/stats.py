@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -21,13 +20,10 @@ from pyiceberg.table import DataScan, FileScanTask, Table
 from iceberg.catalog import TableUnreadableError
 from iceberg.compaction.policy import CompactionPolicy, StreamStats
 from iceberg.layouts import TableNames
-from iceberg.log_writer import committed_positions, summary_value
+from iceberg.log_writer import committed_positions
+from iceberg.summary_keys import CLEANER_POINTS, STREAM_BYTES
 
 log = logging.getLogger(__name__)
-CLEANER_POINTS_PROPERTY = "cdclake.cleaner-points"
-# Bytes (key + payload) a state or tombstone table holds per stream, recorded by each of the
-# round's commits to it: the quota usage ingest reads without reading the table's rows.
-STREAM_BYTES_PROPERTY = "cdclake.stream-bytes"
 
 
 def load_optional(catalog: Catalog, name: str) -> Table | None:
@@ -38,8 +34,7 @@ def load_optional(catalog: Catalog, name: str) -> Table | None:
 
 
 def cleaner_points(state: Table | None) -> dict[str, int]:
-    raw = summary_value(state, CLEANER_POINTS_PROPERTY) if state is not None else None
-    return {k: int(v) for k, v in json.loads(raw).items()} if raw else {}
+    return (CLEANER_POINTS.read(state) if state is not None else None) or {}
 
 
 # Rows the planner reads at once, about: it reads the log's dirty range (and the state) a few
@@ -95,12 +90,12 @@ def recorded_bytes(table: Table | None) -> dict[str, int] | None:
     (metadata only); None for a table with rows and no record (written by an older version)."""
     if table is None or table.current_snapshot() is None:
         return {}
-    raw = summary_value(table, STREAM_BYTES_PROPERTY)
-    if raw is None:
+    held = STREAM_BYTES.read(table)
+    if held is None:
         summary = table.current_snapshot().summary  # type: ignore[union-attr]
         rows = int(summary.additional_properties.get("total-records", 1)) if summary else 1
         return {} if rows == 0 else None
-    return {k: int(v) for k, v in json.loads(raw).items()}
+    return held
 
 
 def sum_streams(*counts: dict[str, int]) -> dict[str, int]:

@@ -110,7 +110,7 @@ class Stream:
 
 def cleaner_history(catalog, state: str) -> list[tuple[int, dict[str, int]]]:
     """(commit time in ms, cleaner points) of each state snapshot that carries them, in order."""
-    from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY
+    from iceberg.summary_keys import CLEANER_POINTS
 
     try:
         table = catalog.load_table(state)
@@ -118,9 +118,9 @@ def cleaner_history(catalog, state: str) -> list[tuple[int, dict[str, int]]]:
         return []
     out = []
     for s in sorted(table.snapshots(), key=lambda s: s.timestamp_ms):
-        raw = s.summary.additional_properties.get(CLEANER_POINTS_PROPERTY) if s.summary else None
-        if raw:
-            out.append((s.timestamp_ms, {k: int(v) for k, v in json.loads(raw).items()}))
+        points = CLEANER_POINTS.of(s)
+        if points is not None:
+            out.append((s.timestamp_ms, points))
     return out
 
 

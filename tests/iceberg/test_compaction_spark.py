@@ -19,6 +19,7 @@ from iceberg.compaction import job
 from iceberg.compaction.stats import clean_bytes, cleaner_points
 from iceberg.log_writer import committed_positions
 from iceberg.maintenance import MaintenancePolicy, shape_of, sql_literal
+from iceberg.summary_keys import STALE_REASONS
 from tests.conftest import kcat_lines
 from tests.iceberg.helpers import (
     NOW,
@@ -107,8 +108,8 @@ def test_stale_event_in_a_later_round_is_counted_and_ignored(spark, settings, tm
         ("2", "older_than_state", [15]),
         ("3", "snapshot_after_stream", [20]),
     ]
-    summary = load_catalog(s).load_table(t.state).current_snapshot().summary.additional_properties
-    assert json.loads(summary["cdclake.stale"]) == {"older_than_state": 1, "snapshot_after_stream": 1}
+    snapshot = load_catalog(s).load_table(t.state).current_snapshot()
+    assert STALE_REASONS.of(snapshot) == {"older_than_state": 1, "snapshot_after_stream": 1}
 
 
 def test_a_round_releases_the_checkpoints_it_made(spark, settings, tmp_path):

@@ -12,7 +12,8 @@ import pytest
 from connector.app import policy_of
 from iceberg.catalog import load_catalog
 from iceberg.compaction.dedupe import arrow_bounds
-from iceberg.compaction.stats import CLEANER_POINTS_PROPERTY, STREAM_BYTES_PROPERTY, stream_stats
+from iceberg.compaction.stats import stream_stats
+from iceberg.summary_keys import CLEANER_POINTS, STREAM_BYTES
 from tests.conftest import kcat_lines
 from tests.iceberg.helpers import NOW, names, run_ingest, with_source, write_lines
 
@@ -91,7 +92,7 @@ def test_stream_stats_read_a_few_files_at_a_time_match_the_whole_range(settings,
     )
     state.append(
         pa.table({"_topic": [TOPIC], "_partition_id": [1], "_payload_bytes": [77]}, schema=state.schema().as_arrow()),
-        snapshot_properties={CLEANER_POINTS_PROPERTY: json.dumps(points)},
+        snapshot_properties=CLEANER_POINTS.entry(points),
     )
     policy = policy_of(s)
     assert policy.min_compaction_lag == LAG
@@ -123,7 +124,7 @@ def test_stream_stats_read_a_few_files_at_a_time_match_the_whole_range(settings,
     recorded = {f"{TOPIC}:1": 77, f"{TOPIC}:2": 1000}
     state.append(
         pa.table({"_topic": [TOPIC], "_partition_id": [2], "_payload_bytes": [23]}, schema=state.schema().as_arrow()),
-        snapshot_properties={CLEANER_POINTS_PROPERTY: json.dumps(points), STREAM_BYTES_PROPERTY: json.dumps(recorded)},
+        snapshot_properties={**CLEANER_POINTS.entry(points), **STREAM_BYTES.entry(recorded)},
     )
     got = stream_stats(catalog, t, policy, NOW)
     assert {g.stream: g.clean_bytes for g in got} == {f"{TOPIC}:0": 0, **recorded}

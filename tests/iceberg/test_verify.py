@@ -4,6 +4,7 @@ reported by key and kind, exactly those keys; a lost data file is one clear line
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +17,8 @@ from connector.app import policy_of
 from iceberg.catalog import load_catalog
 from iceberg.compaction.stats import cleaner_points
 from iceberg.log_writer import committed_positions
-from iceberg.verify import verify
+from iceberg.summary_keys import KEYS, ORDERING, TRUNCATE
+from iceberg.verify import rebuild, verify
 from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
 from tests.iceberg.test_reader import _stream
 from tests.model import expected_tables
@@ -79,3 +81,24 @@ def test_verify_finds_exactly_what_was_broken(spark, settings, tmp_path):
     result = CliRunner().invoke(app, ["verify", "things"], env=env)
     said = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(said) == 1 and lost in said[0], result.output
+
+
+def test_rebuild_writes_the_ordering_rule_with_the_state(spark, settings, tmp_path):
+    """The rebuild's state commit holds every summary key the registry says rebuild keeps,
+    the ordering rule among them (a table built by "log": a reader's default would hide its
+    loss); a rebuild by another rule records that one."""
+    path = write_lines(tmp_path / "in.jsonl", [json.dumps(line) for line in _stream(60, seed=3)])
+    s = with_source(settings, path, ordering="log")
+    run_ingest(s)
+    compact_table(spark, s, "things")
+    catalog, n, now = load_catalog(s), names(s, "things"), datetime.now(UTC)
+    assert ORDERING.read(catalog.load_table(n.state)) == "log"
+
+    rebuild(spark, catalog, n, policy_of(s), now)
+    rebuilt = catalog.load_table(n.state).current_snapshot()
+    assert ORDERING.of(rebuilt) == "log"  # on the rebuild's own commit, not only on an older one
+    kept = {k.name for k in KEYS if k.rebuild_keeps and "state" in k.tables} - {TRUNCATE.name}  # the stream has none
+    assert kept <= set(rebuilt.summary.additional_properties)
+
+    rebuild(spark, catalog, n, dataclasses.replace(policy_of(s), ordering="source"), now)
+    assert ORDERING.read(catalog.load_table(n.state)) == "source"
