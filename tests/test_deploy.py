@@ -101,7 +101,7 @@ def _whole_pipeline(spark, tmp_path: Path, catalog: dict, env: dict[str, str], m
         result = runner.invoke(
             app, ["query", "-c", str(config), f"SELECT count(*) AS live FROM {ns}.{TABLE} WHERE id >= 0"]
         )
-        assert result.exit_code == 0 and f" {len(state)} " in result.output, result.output
+        assert result.exit_code == 0 and str(len(state)) in result.output.split(), result.output
         return settings
     finally:
         spark.conf.set("spark.sql.defaultCatalog", "lake")  # the other tests' catalog
@@ -175,6 +175,7 @@ def _rows(settings, name: str, leave_out: tuple[str, ...] = ()) -> list[dict]:
 @pytest.mark.postgres
 @pytest.mark.s3
 @pytest.mark.cluster
+@pytest.mark.slow
 def test_cdclake_run_on_a_standalone_cluster_equals_a_local_run(
     spark, postgres, s3, spark_cluster, tmp_path, monkeypatch
 ):

@@ -10,6 +10,7 @@ from tests.bench.__main__ import main
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 
+@pytest.mark.slow
 def test_benchmark_smoke(spark, work_root, tmp_path):
     figs = main(
         [

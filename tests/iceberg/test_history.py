@@ -23,7 +23,7 @@ OPS = ["c", "u", "u", "d", "r", "c", "u", "d"]
 def test_history_is_the_models_versions_of_each_key(spark, settings, tmp_path, seed, ordering):
     rng = random.Random(seed)
     stream = [(rng.randrange(4), rng.choice(OPS), rng.randrange(1, 9), rng.random() < 0.7) for _ in range(40)]
-    path = write_lines(tmp_path / "in.jsonl", to_lines(stream))
+    path = write_lines(tmp_path / "in.jsonl", to_lines(stream, ordering))
     s = with_source(settings, path, ordering=ordering)
     run_ingest(s)
     rows = history(spark, names(s, "things"), ordering).collect()

@@ -19,7 +19,7 @@ from iceberg.verify import RebuildRefusedError, rebuild, verify
 from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
 from tests.model import compacted_hub, expected_tables
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]  # 40 rounds
 START = datetime(2030, 1, 1, tzinfo=UTC)
 PER_ROUND, KEYS, RETENTION_H = 30, 12, 4
 
