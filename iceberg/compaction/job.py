@@ -3,10 +3,11 @@
 1. `plan`: per stream, the cleanable dirty range, whether it is due (pure planner), and the
    range's packing bounds, truncates and order (the planner's one pyiceberg scan of the log);
 2. `read_dirty`, `read_held`: the dirty events (those older than the table's truncate marker
-   are stale), the round's newest truncate, and the rows already held for the round's keys;
+   are stale), the round's truncates, and the rows already held for the round's keys;
 3. `newest_per_key`: the newest change per key (the dedupe transform: a hash aggregation of
-   packed order keys where the round fits 63 bits and its streams are in order, else the
-   window) and what it does (upsert, delete, truncate); `record_stale`: the stale events;
+   packed order keys where the round fits 63 bits, its streams are in order and it has no
+   truncate, else the window, which applies truncates in turn) and what it does (upsert,
+   delete, truncate); `record_stale`: the stale events;
 4. `evolve_schema`: the columns the state can hold (the rest of the events: dead letters);
 5. `write_tombstones` (MERGE), `write_stale`; 6. `write_state`: MERGE the state with the new
    cleaner points and truncate marker in the same snapshot (into a table that holds none of
