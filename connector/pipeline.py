@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -38,6 +37,7 @@ from pyiceberg.catalog import Catalog
 from connector.debezium import Decoder
 from connector.sinks import Sinks
 from connector.sources import Source
+from iceberg import compat
 from iceberg.layouts import DEAD_LETTERS_SUFFIX, LOG_SUFFIX
 from iceberg.leases import Lease
 from iceberg.log_writer import FileTarget, delete_data_files
@@ -172,10 +172,10 @@ def _unwrap(e: Exception) -> Exception:
     out of the Spark error that carries it; else `e` itself."""
     from connector.core import errors
 
-    m = re.search(r"connector\.core\.errors\.(\w+): ([^\n]*)", str(e))
-    cls = getattr(errors, m.group(1), None) if m else None
-    if m and isinstance(cls, type) and issubclass(cls, errors.ConnectorError) and cls is not errors.DecodeError:
-        return cls(m.group(2))
+    raised = compat.raised_in_python_worker(e, errors.__name__)
+    cls = getattr(errors, raised[0], None) if raised else None
+    if raised and isinstance(cls, type) and issubclass(cls, errors.ConnectorError) and cls is not errors.DecodeError:
+        return cls(raised[1])
     return e
 
 
@@ -185,7 +185,6 @@ def _batch(
     """One batch through Spark: stage (decode and write data files), admit, commit per table.
     Returns the quota refusals and, per stream, the last record's sequence number and offset."""
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     from connector.stage import WRITTEN_SCHEMA, Quotas, StageContext, write_stage
 
@@ -202,7 +201,7 @@ def _batch(
             copy.deepcopy(job.decoder), copy.deepcopy(sinks.positions), quotas, now, expand, targets, new_target
         )
         stage = functools.partial(write_stage, ctx)
-        groups = _merge(frame.mapInArrow(stage, from_arrow_schema(WRITTEN_SCHEMA)).collect())
+        groups = _merge(frame.mapInArrow(stage, compat.spark_schema(WRITTEN_SCHEMA)).collect())
         # Sinks met for the first time: their tables are created before any of the batch's rows
         # is committed. The files were written for the table as it is created; should it be
         # otherwise (another process made it), the batch is staged again for the table as it is.

@@ -27,6 +27,7 @@ from pyiceberg.table import Table
 
 from connector.core.errors import ConcurrentWriterError
 from connector.core.faults import crash_point
+from iceberg import compat
 from iceberg.layouts import DEAD_LETTER_SCHEMA, DEAD_LETTERS_SUFFIX, LOG_SCHEMA, LOG_SUFFIX
 from iceberg.leases import Lease
 from iceberg.log_writer import FileTarget, append_with_positions, commit_data_files, committed_positions, upgrade
@@ -95,8 +96,16 @@ class Sinks:
         return {name: FileTarget.of(table) for name, table in self.tables.items()}
 
     def location(self, name: str) -> str:
-        """Where the catalog puts table `name` of the namespace."""
-        return str(self.catalog._resolve_table_location(None, self.namespace, name))  # type: ignore[attr-defined]
+        """Where table `name` of the namespace goes (every table is created with it): under the
+        namespace's `location`, else `<warehouse>/<namespace>/<name>`, as pyiceberg's SQL
+        catalog places a table created without one."""
+        base = self.catalog.load_namespace_properties(self.namespace).get("location")
+        if base:
+            return f"{base.rstrip('/')}/{name}"
+        warehouse = self.catalog.properties.get("warehouse")
+        if not warehouse:
+            raise ValueError("No default path is set, please specify a location when creating a table")
+        return f"{warehouse.rstrip('/')}/{self.namespace}/{name}"
 
     def new_target(self) -> Callable[[str], FileTarget]:
         """What a Spark task needs to write data files of a table not created yet (by name)."""
@@ -104,7 +113,7 @@ class Sinks:
         return functools.partial(_new_target, load_file_io(self.catalog.properties, base), base)
 
     def append(self, name: str, written: list[bytes], positions: Mapping[str, int]) -> None:
-        """Commit data files a stage wrote (`connector.stage`, pickled) with `positions`
+        """Commit data files a stage wrote (`connector.stage`, described) with `positions`
         (merged with what the table holds) in the same snapshot."""
 
         def write(props: Mapping[str, str]) -> None:
@@ -199,13 +208,12 @@ class Sinks:
 
 @contextmanager
 def _as_conflict() -> Iterator[None]:
-    """A commit whose conflict is always `CommitFailedException`: pyiceberg raises ValueError
-    for a snapshot built on metadata that another commit (of any branch) moved on, naming
-    its sequence number."""
+    """A commit whose conflict is always `CommitFailedException`: pyiceberg raises a plain
+    ValueError for a snapshot built on metadata that another commit (of any branch) moved on."""
     try:
         yield
     except ValueError as e:
-        if "sequence number" not in str(e):
+        if not compat.is_stale_snapshot(e):
             raise
         raise CommitFailedException(str(e)) from e
 

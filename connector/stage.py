@@ -57,7 +57,7 @@ WRITTEN_SCHEMA = pa.schema(
         ("last", pa.int64()),  # the highest sequence number
         ("last_offset", pa.string()),  # its offset
         ("routed", pa.bool_()),  # a change routed to the sink's table (not only tombstones)
-        ("files", pa.binary()),  # the fresh rows' data files (pickled); null: not written
+        ("files", pa.binary()),  # the fresh rows' data files (`compat.encode_data_files`); null: not written
         ("reasons", pa.string()),  # dead letters: {reason: count} of the fresh ones, as JSON
         ("examples", pa.string()),  # dead letters: the first few fresh, [[offset, reason, detail]], as JSON
     ]

@@ -13,24 +13,17 @@ in between carry no positions and are skipped).
 from __future__ import annotations
 
 import logging
-import pickle
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 from pyiceberg.io import FileIO
-from pyiceberg.io.fileformat import FileFormatFactory
-from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
-from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.typedef import Record
 from pyiceberg.types import StringType
 
 from connector.core.faults import crash_point
+from iceberg import compat
 from iceberg.summary_keys import POSITIONS
 
 log = logging.getLogger(__name__)
@@ -73,13 +66,7 @@ class FileTarget:
     def new(cls, io: FileIO, location: str, layout: pa.Schema) -> FileTarget:
         """A table not created yet: `layout` with the field ids a new table gets, at `location`
         (the creator checks the table it made has both)."""
-        from pyiceberg.catalog import Catalog
-        from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
-        from pyiceberg.table.metadata import new_table_metadata
-        from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
-
-        schema = Catalog._convert_schema_if_needed(layout)
-        return cls(new_table_metadata(schema, UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, location, {}), io)
+        return cls(compat.new_table_metadata(layout, location), io)
 
     def fits(self, table: Table) -> bool:
         """Files written for this target can be committed to `table`."""
@@ -88,16 +75,16 @@ class FileTarget:
 
 class DataFileWriter:
     """One Parquet data file of a target table, written batch by batch where the task runs
-    (a row group per `write`); `close` gives its description, pickled, for
-    `commit_data_files`. Nothing is committed: a file no commit names is an orphan.
+    (a row group per `write`); `close` gives its description (`compat.encode_data_files`)
+    for `commit_data_files`. Nothing is committed: a file no commit names is an orphan.
 
     Rows are cast to the table's schema here: pyiceberg's own projection
     (`_to_requested_schema`) writes a null list as an empty one."""
 
     def __init__(self, target: FileTarget):
         self.target = target
-        self.arrow = schema_to_pyarrow(target.metadata.schema(), include_field_ids=True)
-        self._writer: Any = None
+        self.arrow = target.metadata.schema().as_arrow()
+        self._file: compat.ParquetDataFile | None = None
 
     def write(self, rows: pa.Table) -> None:
         """Append `rows` (a layout's columns: an older table's extra columns are left null)."""
@@ -107,43 +94,19 @@ class DataFileWriter:
         rows = pa.table(
             {f.name: rows[f.name] if f.name in rows.column_names else pa.nulls(n, f.type) for f in self.arrow}
         )
-        if self._writer is None:
-            meta, fmt = self.target.metadata, FileFormatFactory.get(FileFormat.PARQUET)
-            self.path = load_location_provider(meta.location, meta.properties).new_data_location(
-                f"00000-0-{uuid.uuid4()}.{fmt.file_extension()}"
-            )
-            self._out = self.target.io.new_output(self.path)
-            self._writer = fmt.create_writer(self._out, meta.schema(), meta.properties)
-        self._writer.write(rows.cast(self.arrow))
+        if self._file is None:
+            self._file = compat.ParquetDataFile(self.target.metadata, self.target.io)
+        self._file.write(rows.cast(self.arrow))
 
     def close(self) -> bytes:
-        if self._writer is None:
-            return pickle.dumps([])
-        stats = self._writer.close()
-        meta = self.target.metadata
-        data_file = DataFile.from_args(
-            content=DataFileContent.DATA,
-            file_path=self.path,
-            file_format=FileFormat.PARQUET,
-            partition=Record(),
-            file_size_in_bytes=len(self._out),
-            sort_order_id=None,
-            spec_id=meta.default_spec_id,
-            equality_ids=None,
-            key_metadata=None,
-            **stats.to_serialized_dict(),
-        )
-        return pickle.dumps([data_file])
+        return compat.encode_data_files([self._file.close()] if self._file is not None else [])
 
 
 def commit_data_files(table: Table, written: Iterable[bytes], props: Mapping[str, str], branch: str) -> None:
     """One snapshot of `branch` that adds the data files `DataFileWriter`s described, with
     `props` in its summary."""
     with table.transaction() as tx:
-        with tx.update_snapshot(snapshot_properties=dict(props), branch=branch).fast_append() as append:
-            for blob in written:
-                for f in pickle.loads(blob):
-                    append.append_data_file(f)
+        compat.append_data_files(tx, written, props, branch)
         crash_point("ingest.before-commit")  # data files written, nothing committed
 
 
@@ -151,11 +114,11 @@ def delete_data_files(io: FileIO, written: Iterable[bytes]) -> None:
     """Remove data files that no commit will name (best effort: orphan-file removal catches
     what is left)."""
     for blob in written:
-        for f in pickle.loads(blob):
+        for path in compat.data_file_paths(blob):
             try:
-                io.delete(f.file_path)
+                io.delete(path)
             except Exception as e:  # noqa: BLE001 - cleanup only
-                log.debug("could not remove %s: %s", f.file_path, e)
+                log.debug("could not remove %s: %s", path, e)
 
 
 def upgrade(table: Table, layout: pa.Schema) -> Table:

@@ -92,10 +92,10 @@ def _launch_jvm_quietly(settings: Settings) -> None:
     instead of the console, unless logging is verbose (`-v`). What fails reaches Python as an
     exception either way."""
     from pyspark import SparkConf
-    from pyspark.core.context import SparkContext
-    from pyspark.java_gateway import launch_gateway
 
-    if SparkContext._gateway is not None or logging.getLogger().isEnabledFor(logging.INFO):
+    from iceberg import compat
+
+    if compat.jvm_started() or logging.getLogger().isEnabledFor(logging.INFO):
         return
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: its JVM, its output
         return
@@ -106,8 +106,7 @@ def _launch_jvm_quietly(settings: Settings) -> None:
         conf.setMaster(settings.spark.master)
     conf.setAll(list(spark_conf(settings).items()))
     with open(path, "ab") as out:  # the JVM keeps its own descriptor
-        gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})  # type: ignore[no-untyped-call]
-    SparkContext._ensure_initialized(gateway=gateway)
+        compat.start_jvm(conf, out)
 
 
 def get_spark(settings: Settings) -> SparkSession:

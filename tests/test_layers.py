@@ -46,3 +46,82 @@ def test_imports_flow_one_way(package: str, forbidden: tuple[str, ...], allowed:
         f"{m} imports {name}" for m, name in imports(package) if under(name, *forbidden) and not under(name, *allowed)
     ]
     assert not wrong, wrong
+
+
+LIBRARIES = ("pyiceberg", "pyspark", "py4j", "confluent_kafka")
+COMPAT = "iceberg/compat.py"  # the one module that may use the libraries' internals
+# The libraries' internals the project uses or used, by name (private, or left out of their
+# documentation): the compat module's only.
+INTERNALS = {
+    "_jsc",
+    "_jvm",
+    "_gateway",
+    "_convert_schema_if_needed",
+    "_resolve_table_location",
+    "_ensure_initialized",
+    "getPersistentRDDs",
+    "launch_gateway",
+    "from_arrow_schema",
+    "ArrowScan",
+    "FileFormatFactory",
+    "create_writer",
+    "to_serialized_dict",
+    "from_args",
+    "fast_append",
+    "append_data_file",
+    "load_location_provider",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_only_the_compat_module_uses_the_libraries_internals():
+    """No import of a private name (or module) of pyiceberg, PySpark, py4j or confluent-kafka,
+    no pickle, and no private attribute the project does not define itself (a library
+    object's), outside `COMPAT`."""
+    trees = {
+        path.relative_to(ROOT).as_posix(): ast.parse(path.read_text())
+        for package in ("connector", "iceberg", "quotas")
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+    own = set()  # names the project defines: its own private helpers are its business
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.arg):
+                own.add(node.arg)
+    wrong = []
+    for path, tree in trees.items():
+        if path == COMPAT:
+            continue
+        for node in ast.walk(tree):
+            where = f"{path}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules, names = [node.module], [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                modules, names = [a.name for a in node.names], []
+            else:
+                modules, names = [], []
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] in ("pickle", "cloudpickle", "dill"):
+                    wrong.append(f"{where} imports {module}")
+                elif parts[0] in LIBRARIES and (any(map(_private, parts)) or any(map(_private, names))):
+                    wrong.append(f"{where} imports a private name from {module}: {names}")
+                elif parts[0] in LIBRARIES and INTERNALS.intersection(names):
+                    wrong.append(f"{where} imports {sorted(INTERNALS.intersection(names))} from {module}")
+            if isinstance(node, ast.Attribute):
+                # confluent-kafka documents its local error codes with a leading underscore
+                documented = isinstance(node.value, ast.Name) and node.value.id == "KafkaError"
+                if node.attr in INTERNALS or (_private(node.attr) and node.attr not in own and not documented):
+                    wrong.append(f"{where} uses {ast.unparse(node)}")
+            elif isinstance(node, ast.Name) and node.id in INTERNALS:
+                wrong.append(f"{where} uses {node.id}")
+    assert not wrong, "library internals belong in " + COMPAT + " (with a contract test): " + "; ".join(wrong)

@@ -8,6 +8,8 @@ from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
+from iceberg import compat
+
 
 class _Rounds:
     """The rounds running in this process, and the RDDs persisted before the first began."""
@@ -24,10 +26,9 @@ def releasing_checkpoints(spark: SparkSession) -> Iterator[None]:
     collector happens to find their RDDs: round after round in a long `run --every`).
     Rounds that overlap in one process release theirs when the last of them ends; what
     other code persists in the same session while a round runs is released with them."""
-    jsc = spark.sparkContext._jsc
     with _Rounds.lock:
         if not _Rounds.running:
-            _Rounds.before = set(jsc.getPersistentRDDs().keySet())
+            _Rounds.before = compat.persisted_rdds(spark)
         _Rounds.running += 1
     try:
         yield
@@ -35,6 +36,4 @@ def releasing_checkpoints(spark: SparkSession) -> Iterator[None]:
         with _Rounds.lock:
             _Rounds.running -= 1
             if not _Rounds.running:
-                for rdd_id, rdd in jsc.getPersistentRDDs().items():
-                    if rdd_id not in _Rounds.before:
-                        rdd.unpersist(False)
+                compat.unpersist_rdds(spark, keep=_Rounds.before)

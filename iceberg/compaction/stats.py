@@ -17,6 +17,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import And, GreaterThan, GreaterThanOrEqual
 from pyiceberg.table import DataScan, FileScanTask, Table
 
+from iceberg import compat
 from iceberg.catalog import TableUnreadableError
 from iceberg.compaction.policy import CompactionPolicy, StreamStats
 from iceberg.layouts import TableNames
@@ -47,9 +48,7 @@ def _chunks(scan: DataScan, rows: int, order_by: str | None = None) -> Iterator[
     pyiceberg's `to_arrow` and `to_arrow_batch_reader` both read every file of a scan at once.
     With `order_by` (a long column), files go in the order of that column's lower bound, so
     the chunks of a log follow it (Spark writes a batch as several files, listed in any order)."""
-    from pyiceberg.io.pyarrow import ArrowScan
-
-    reader = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive)
+    read = compat.file_reader(scan)
     tasks = list(scan.plan_files())
     if order_by is not None:
         field = scan.table_metadata.schema().find_field(order_by).field_id
@@ -63,12 +62,12 @@ def _chunks(scan: DataScan, rows: int, order_by: str | None = None) -> Iterator[
     held = 0
     for task in tasks:
         if chunk and held + task.file.record_count > rows:
-            yield reader.to_table(chunk)
+            yield read(chunk)
             chunk, held = [], 0
         chunk.append(task)
         held += task.file.record_count
     if chunk:
-        yield reader.to_table(chunk)
+        yield read(chunk)
 
 
 def clean_bytes(*tables: Table | None) -> dict[str, int]:

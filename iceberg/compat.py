@@ -1,0 +1,245 @@
+"""Every use of what pyiceberg, PySpark and py4j do not offer as public API, in one place.
+
+tests/iceberg/test_compat.py holds a contract test per internal used here, run on the
+installed versions (`CHECKED_AGAINST`): an upgrade that changes or removes one fails there,
+naming it. The rest of the project uses the libraries' public API only (tests/test_layers.py
+checks the source for their private names).
+
+What a Spark task tells the driver about the data files it wrote crosses processes as this
+module's own JSON (`encode_data_files`), not as pickled pyiceberg objects, so the two ends
+agree on it whatever pyiceberg's classes hold.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib.metadata import version
+from typing import IO, TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyiceberg.io import FileIO
+from pyiceberg.io.fileformat import FileFormatFactory
+from pyiceberg.io.pyarrow import ArrowScan  # importing it registers the Parquet writer too
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Record
+
+if TYPE_CHECKING:
+    from pyiceberg.table import DataScan, FileScanTask, Transaction
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+# The versions the contract tests last passed on; an upgrade fails them until rechecked.
+CHECKED_AGAINST = {"pyiceberg": "0.12.0", "pyspark": "4.1.3", "py4j": "0.10.9.9"}
+
+
+# -- pyiceberg: a new table's metadata, before the table exists
+
+
+def new_table_metadata(layout: pa.Schema, location: str) -> TableMetadata:
+    """The metadata pyiceberg's `create_table(schema=layout, location=location)` gives a new
+    unpartitioned table (the same field ids), made where no catalog is (a Spark task).
+    pyiceberg converts an Arrow schema only inside its catalog (`_convert_schema_if_needed`)."""
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+    from pyiceberg.table.metadata import new_table_metadata as new
+    from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+
+    schema = Catalog._convert_schema_if_needed(layout)
+    return new(schema, UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, location, {})
+
+
+# -- pyiceberg: data files written in a Spark task, committed by the driver
+
+# What pyiceberg's Parquet writer reports of a file, each of which the encoding carries.
+_STATS = (
+    "record_count",
+    "column_sizes",
+    "value_counts",
+    "null_value_counts",
+    "nan_value_counts",
+    "lower_bounds",
+    "upper_bounds",
+    "split_offsets",
+)
+
+
+class ParquetDataFile:
+    """One Parquet data file of an unpartitioned table, written batch by batch (a row group
+    per `write`) by pyiceberg's file-format writer, which its documentation does not cover
+    (`FileFormatFactory`, `create_writer`, the statistics' `to_serialized_dict`)."""
+
+    def __init__(self, metadata: TableMetadata, io: FileIO):
+        from pyiceberg.table.locations import load_location_provider
+
+        fmt = FileFormatFactory.get(FileFormat.PARQUET)
+        self.path = load_location_provider(metadata.location, metadata.properties).new_data_location(
+            f"00000-0-{uuid.uuid4()}.{fmt.file_extension()}"
+        )
+        self.spec_id = metadata.default_spec_id
+        self._out = io.new_output(self.path)
+        self._writer = fmt.create_writer(self._out, metadata.schema(), metadata.properties)
+
+    def write(self, rows: pa.Table) -> None:
+        """`rows` in the table's Arrow schema."""
+        self._writer.write(rows)
+
+    def close(self) -> dict[str, Any]:
+        """The file's description, as `encode_data_files` takes it."""
+        stats = self._writer.close().to_serialized_dict()
+        if set(stats) != set(_STATS):  # a field the driver would not get: stop rather than drop it
+            raise RuntimeError(
+                f"pyiceberg {version('pyiceberg')}: the Parquet writer's statistics now have {sorted(stats)}, "
+                f"not {sorted(_STATS)}; update iceberg/compat.py"
+            )
+        return {
+            "file_path": self.path,
+            "file_size_in_bytes": len(self._out),
+            "spec_id": self.spec_id,
+            **{k: stats[k] for k in _STATS},
+        }
+
+
+def _keys(m: Mapping[int, Any], value: Callable[[Any], Any] = int) -> dict[str, Any]:
+    return {str(k): value(v) for k, v in m.items()}
+
+
+def encode_data_files(files: Sequence[Mapping[str, Any]]) -> bytes:
+    """`ParquetDataFile.close` descriptions as JSON (field ids as keys, bounds in base64)."""
+    out = []
+    for f in files:
+        out.append(
+            {
+                "file_path": f["file_path"],
+                "file_size_in_bytes": f["file_size_in_bytes"],
+                "spec_id": f["spec_id"],
+                "record_count": f["record_count"],
+                **{k: _keys(f[k]) for k in ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts")},
+                **{k: _keys(f[k], lambda b: base64.b64encode(b).decode()) for k in ("lower_bounds", "upper_bounds")},
+                "split_offsets": f["split_offsets"],
+            }
+        )
+    return json.dumps(out).encode()
+
+
+def decode_data_files(blob: bytes) -> list[DataFile]:
+    """pyiceberg's `DataFile`s (`DataFile.from_args`, as pyiceberg's own writer builds them)
+    of `encode_data_files`' output, for a fast append."""
+
+    def ints(m: Mapping[str, int]) -> dict[int, int]:
+        return {int(k): int(v) for k, v in m.items()}
+
+    def bounds(m: Mapping[str, str]) -> dict[int, bytes]:
+        return {int(k): base64.b64decode(v) for k, v in m.items()}
+
+    return [
+        DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=f["file_path"],
+            file_format=FileFormat.PARQUET,
+            partition=Record(),
+            file_size_in_bytes=f["file_size_in_bytes"],
+            sort_order_id=None,
+            spec_id=f["spec_id"],
+            equality_ids=None,
+            key_metadata=None,
+            record_count=f["record_count"],
+            column_sizes=ints(f["column_sizes"]),
+            value_counts=ints(f["value_counts"]),
+            null_value_counts=ints(f["null_value_counts"]),
+            nan_value_counts=ints(f["nan_value_counts"]),
+            lower_bounds=bounds(f["lower_bounds"]),
+            upper_bounds=bounds(f["upper_bounds"]),
+            split_offsets=f["split_offsets"],
+        )
+        for f in json.loads(blob)
+    ]
+
+
+def append_data_files(tx: Transaction, written: Iterable[bytes], props: Mapping[str, str], branch: str) -> None:
+    """Adds the files `encode_data_files` described to `tx` as one fast append to `branch`
+    (pyiceberg's snapshot producer, which its documentation does not cover)."""
+    with tx.update_snapshot(snapshot_properties=dict(props), branch=branch).fast_append() as append:
+        for blob in written:
+            for f in decode_data_files(blob):
+                append.append_data_file(f)
+
+
+def data_file_paths(blob: bytes) -> list[str]:
+    """The paths of the files `encode_data_files` described."""
+    return [f["file_path"] for f in json.loads(blob)]
+
+
+# -- pyiceberg: reading some of a scan's files
+
+
+def file_reader(scan: DataScan) -> Callable[[Sequence[FileScanTask]], pa.Table]:
+    """Reads some of `scan`'s planned files (its filter and projection applied) into one table.
+    pyiceberg's public `to_arrow` and `to_arrow_batch_reader` read every file of a scan at
+    once; its `ArrowScan` reads the ones it is given."""
+    return ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive).to_table
+
+
+# -- pyiceberg: errors without a type of their own
+
+
+def is_stale_snapshot(e: BaseException) -> bool:
+    """pyiceberg's error for a snapshot built on metadata that another commit (of any branch)
+    moved on: a plain ValueError naming the sequence number, with no type or code of its own."""
+    return isinstance(e, ValueError) and "sequence number" in str(e)
+
+
+# -- PySpark and py4j
+
+
+def jvm_started() -> bool:
+    """This process has started (or joined) Spark's JVM."""
+    from pyspark.core.context import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+def start_jvm(conf: SparkConf, out: IO[bytes]) -> Any:
+    """Starts the driver's JVM with its output to `out`, for the SparkContext made next to
+    use. PySpark has no public way to redirect it: its `launch_gateway`, then what
+    `SparkContext` does with a gateway it is given (`_ensure_initialized`). The gateway."""
+    from pyspark.core.context import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})  # type: ignore[no-untyped-call]
+    SparkContext._ensure_initialized(gateway=gateway)
+    return gateway
+
+
+def spark_schema(schema: pa.Schema) -> StructType:
+    """Spark's schema of Arrow's `schema` (what `mapInArrow` gives back): PySpark converts
+    one only in a module its API reference leaves out."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def persisted_rdds(spark: SparkSession) -> set[int]:
+    """The ids of the RDDs persisted in the session's context (local checkpoints among them):
+    PySpark lists none, the JVM's context does (`getPersistentRDDs`, through `_jsc`)."""
+    return set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
+
+
+def unpersist_rdds(spark: SparkSession, keep: set[int]) -> None:
+    """Releases the persisted RDDs not in `keep` (without waiting for their blocks to go)."""
+    for rdd_id, rdd in spark.sparkContext._jsc.getPersistentRDDs().items():
+        if rdd_id not in keep:
+            rdd.unpersist(False)
+
+
+def raised_in_python_worker(e: BaseException, module: str) -> tuple[str, str] | None:
+    """(class name, message) of an exception of `module` that a Spark Python worker raised,
+    out of the Spark error that carries it on the driver; else None. It arrives as text only
+    (the worker's traceback, ending `<module>.<Class>: <message>`)."""
+    m = re.search(re.escape(module) + r"\.(\w+): ([^\n]*)", str(e))
+    return (m.group(1), m.group(2)) if m else None

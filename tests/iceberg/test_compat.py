@@ -1,0 +1,255 @@
+"""Contract tests of `iceberg/compat.py`: each library internal it uses, on the installed
+(pinned) versions. A failure names the internal and the version: an upgrade changed it, and
+compat.py must follow (or move to a public API) before the upgrade goes in."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import version
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.expressions import GreaterThan
+from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+from connector.core.errors import SourceError
+from connector.sinks import Sinks
+from connector.stage import WRITTEN_SCHEMA
+from iceberg import compat
+from iceberg.layouts import DEAD_LETTER_SCHEMA, LOG_SCHEMA
+from iceberg.log_writer import commit_data_files
+
+
+@contextmanager
+def contract(internal: str, library: str) -> Iterator[None]:
+    """Any failure inside, said as the internal that changed and the version that changed it."""
+    try:
+        yield
+    except Exception as e:
+        raise AssertionError(
+            f"{internal} of {library} {version(library)} no longer does what iceberg/compat.py relies on "
+            f"({type(e).__name__}: {e}); adapt compat.py (or use a public API) before upgrading"
+        ) from e
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> SqlCatalog:
+    catalog = SqlCatalog("compat", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=(tmp_path / "wh").as_uri())
+    catalog.create_namespace("ns")
+    return catalog
+
+
+def file_fields(f) -> tuple:
+    return (
+        f.content,
+        f.file_path,
+        f.file_format,
+        f.partition,
+        f.record_count,
+        f.file_size_in_bytes,
+        f.column_sizes,
+        f.value_counts,
+        f.null_value_counts,
+        f.nan_value_counts,
+        f.lower_bounds,
+        f.upper_bounds,
+        f.split_offsets,
+        f.sort_order_id,
+        f.equality_ids,
+        f.key_metadata,
+    )
+
+
+def test_the_libraries_are_the_versions_the_contracts_were_checked_on():
+    for library, checked in compat.CHECKED_AGAINST.items():
+        assert version(library) == checked, (
+            f"{library} is {version(library)}, iceberg/compat.py was checked on {checked}: run "
+            "tests/iceberg/test_compat.py (with -m spark) on it, then update compat.CHECKED_AGAINST"
+        )
+
+
+def test_a_new_tables_metadata_is_the_one_create_table_gives(catalog, tmp_path):
+    with contract("Catalog._convert_schema_if_needed + table.metadata.new_table_metadata", "pyiceberg"):
+        for name, layout in (("a__log", LOG_SCHEMA), ("a__dead_letters", DEAD_LETTER_SCHEMA)):
+            location = (tmp_path / name).as_uri()
+            made = compat.new_table_metadata(layout, location)
+            table = catalog.create_table(("ns", name), schema=layout, location=location)
+            assert made.schema() == table.schema()  # field ids included: what `FileTarget.fits` checks
+            assert (made.location, made.default_spec_id, made.properties) == (
+                table.location(),
+                table.spec().spec_id,
+                table.properties,
+            )
+
+
+def test_a_written_file_crosses_as_json_and_is_the_data_file_pyiceberg_reads_from_it(catalog):
+    table = catalog.create_table(("ns", "t"), schema=pa.schema([("id", pa.int64()), ("s", pa.string())]))
+    rows = pa.table({"id": [3, None, 1], "s": ["b", "a", None]}, schema=table.schema().as_arrow())
+    with contract("io.fileformat FileFormatFactory / create_writer / to_serialized_dict", "pyiceberg"):
+        out = compat.ParquetDataFile(table.metadata, table.io)
+        out.write(rows.slice(0, 2))
+        out.write(rows.slice(2))
+        blob = compat.encode_data_files([out.close()])
+    described = json.loads(blob)  # plain JSON: nothing of pyiceberg's classes crosses
+    assert [f["record_count"] for f in described] == [3]
+    assert compat.data_file_paths(blob) == [out.path]
+    with contract("manifest.DataFile.from_args + the snapshot producer's fast_append", "pyiceberg"):
+        (decoded,) = compat.decode_data_files(blob)
+        # pyiceberg's own description of the file, read from its footer (what `add_files` does)
+        assert file_fields(decoded) == file_fields(parquet_file_to_data_file(table.io, table.metadata, out.path))
+        commit_data_files(table, [blob], {"k": "v"}, "main")
+        table = catalog.load_table(("ns", "t"))
+        (task,) = table.scan().plan_files()
+        assert file_fields(task.file) == file_fields(decoded)
+        assert table.scan().to_arrow().sort_by("s").to_pylist() == rows.sort_by("s").to_pylist()
+
+
+def test_the_encoding_is_the_projects_own_and_decodes_as_written():
+    low, high = (5).to_bytes(8, "little"), (9).to_bytes(8, "little")
+    blob = json.dumps(
+        [
+            {
+                "file_path": "file:///w/ns/t/data/f.parquet",
+                "file_size_in_bytes": 100,
+                "spec_id": 0,
+                "record_count": 2,
+                "column_sizes": {"1": 10},
+                "value_counts": {"1": 2},
+                "null_value_counts": {"1": 0},
+                "nan_value_counts": {},
+                "lower_bounds": {"1": base64.b64encode(low).decode()},
+                "upper_bounds": {"1": base64.b64encode(high).decode()},
+                "split_offsets": [4],
+            }
+        ]
+    ).encode()
+    with contract("manifest.DataFile.from_args", "pyiceberg"):
+        (f,) = compat.decode_data_files(blob)
+        assert (f.file_path, f.file_size_in_bytes, f.record_count, f.split_offsets) == (
+            "file:///w/ns/t/data/f.parquet",
+            100,
+            2,
+            [4],
+        )
+        counts = (f.column_sizes, f.value_counts, f.null_value_counts, f.nan_value_counts)
+        assert counts == ({1: 10}, {1: 2}, {1: 0}, {})
+        assert (f.lower_bounds, f.upper_bounds) == ({1: low}, {1: high})
+    assert compat.encode_data_files([]) == b"[]" and compat.decode_data_files(b"[]") == []
+
+
+def test_some_of_a_scans_files_are_read_with_its_filter_and_projection(catalog):
+    table = catalog.create_table(("ns", "t"), schema=pa.schema([("id", pa.int64()), ("s", pa.string())]))
+    for ids in ([1, 2], [3, 4], [5, 6]):
+        table.append(pa.table({"id": ids, "s": [str(i) for i in ids]}, schema=table.schema().as_arrow()))
+    scan = table.scan(row_filter=GreaterThan("id", 1), selected_fields=("id",))
+    tasks = sorted(scan.plan_files(), key=lambda t: t.file.file_path)
+    with contract("io.pyarrow.ArrowScan", "pyiceberg"):
+        read = compat.file_reader(scan)
+        some = [t for t in tasks if t.file.lower_bounds[1] != (3).to_bytes(8, "little", signed=True)]
+        assert sorted(read(some)["id"].to_pylist()) == [2, 5, 6]
+        assert read(tasks).column_names == ["id"]
+        assert read(tasks).sort_by("id") == scan.to_arrow().sort_by("id")
+
+
+def test_a_snapshot_on_moved_metadata_is_told_by_its_error_text(catalog):
+    table = catalog.create_table(("ns", "t"), schema=pa.schema([("x", pa.int64())]))
+    table.append(pa.table({"x": [1]}))
+    table = catalog.load_table(("ns", "t"))
+    table.manage_snapshots().create_branch(table.current_snapshot().snapshot_id, "run").commit()
+    stale = catalog.load_table(("ns", "t"))
+    catalog.load_table(("ns", "t")).append(pa.table({"x": [2]}))  # another commit moves `main`
+    with contract("the ValueError of a snapshot on moved metadata (table.update)", "pyiceberg"):
+        with pytest.raises(ValueError) as raised:
+            stale.append(pa.table({"x": [3]}), branch="run")
+        assert compat.is_stale_snapshot(raised.value), str(raised.value)
+    assert not compat.is_stale_snapshot(ValueError("another problem"))
+
+
+def test_where_the_sinks_put_a_table_is_where_pyiceberg_puts_one_created_without_a_location(catalog, tmp_path):
+    """Public API replaced `_resolve_table_location`; this is that the two still agree."""
+    sinks = Sinks(catalog, "ns")
+    assert sinks.location("a__log") == catalog.create_table(("ns", "a__log"), schema=LOG_SCHEMA).location()
+    catalog.create_namespace("elsewhere", {"location": (tmp_path / "other").as_uri() + "/"})
+    sinks = Sinks(catalog, "elsewhere")
+    assert sinks.location("b__log") == catalog.create_table(("elsewhere", "b__log"), schema=LOG_SCHEMA).location()
+
+
+def test_an_arrow_schema_is_sparks_schema_of_the_same_columns():
+    from pyspark.sql.types import BinaryType, BooleanType, IntegerType, LongType, StringType, StructField, StructType
+
+    types = {
+        pa.string(): StringType(),
+        pa.int32(): IntegerType(),
+        pa.int64(): LongType(),
+        pa.bool_(): BooleanType(),
+        pa.binary(): BinaryType(),
+    }
+    assert {f.type for f in WRITTEN_SCHEMA} <= set(types)  # what the stage gives back is covered
+    arrow = pa.schema([pa.field(str(i), t, nullable=bool(i % 2)) for i, t in enumerate(types)])
+    want = StructType([StructField(str(i), t, nullable=bool(i % 2)) for i, t in enumerate(types.values())])
+    with contract("sql.pandas.types.from_arrow_schema", "pyspark"):
+        assert compat.spark_schema(arrow) == want
+
+
+@pytest.mark.spark
+def test_persisted_rdds_are_listed_and_released_through_the_jvm_context(spark):
+    with contract("SparkContext._jsc.getPersistentRDDs", "pyspark"):
+        before = compat.persisted_rdds(spark)
+        spark.range(10).localCheckpoint(eager=True)
+        made = compat.persisted_rdds(spark) - before
+        assert made, "a local checkpoint is a persisted RDD"
+        compat.unpersist_rdds(spark, keep=before)
+        assert compat.persisted_rdds(spark) == before
+
+
+@pytest.mark.spark
+def test_a_python_workers_error_reaches_the_driver_with_its_class_and_message(spark):
+    def fail(batches):
+        for _ in batches:
+            raise SourceError("offsets [0, 5) of t:0 cannot be read: gone")
+        yield from ()
+
+    with contract("the text of a Python worker's error (PythonException)", "pyspark"):
+        with pytest.raises(Exception) as raised:
+            spark.range(1).mapInArrow(fail, "id long").collect()
+        assert compat.raised_in_python_worker(raised.value, "connector.core.errors") == (
+            "SourceError",
+            "offsets [0, 5) of t:0 cannot be read: gone",
+        ), str(raised.value)[-2000:]
+
+
+@pytest.mark.spark
+def test_the_jvm_started_with_its_output_redirected_is_the_one_spark_uses(spark, tmp_path):
+    """In a process of its own: this one's JVM is running already."""
+    assert compat.jvm_started()
+    log = tmp_path / "jvm.log"
+    script = textwrap.dedent(
+        f"""
+        from pyspark import SparkConf, SparkContext
+        from iceberg import compat
+
+        assert not compat.jvm_started()
+        conf = SparkConf(loadDefaults=False).setAppName("compat").setMaster("local[1]")
+        with open({str(log)!r}, "ab") as out:
+            gateway = compat.start_jvm(conf, out)
+        assert compat.jvm_started()
+        gateway.jvm.System.out.println("from the jvm")
+        gateway.jvm.System.out.flush()
+        sc = SparkContext(conf=conf)
+        assert sc._gateway is gateway, "SparkContext started a JVM of its own"
+        sc.stop()
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    with contract("java_gateway.launch_gateway + SparkContext._ensure_initialized / _gateway", "pyspark"):
+        done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "from the jvm" in log.read_text(), "the JVM's output did not go where it was sent"
