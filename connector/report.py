@@ -5,6 +5,7 @@ and queries. Sizes and shares read as a person says them (`1.2 KB of 1 GB`, `<0.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +120,9 @@ def print_status(settings: Settings, as_json: bool = False, streams: bool = Fals
 def share(part: float, whole: float) -> str:
     """`part` of `whole` in percent, as a person reads it: `<0.01%`, `3.9%`, `100%`."""
     pct = 100 * part / whole
-    return "0%" if part == 0 else "<0.01%" if pct < 0.01 else f"{pct:.2g}%" if pct < 10 else f"{pct:.0f}%"
+    if part == 0:
+        return "0%"
+    return "<0.01%" if pct < 0.01 else f"{pct:.2g}%" if pct < 10 else f"{math.floor(pct)}%"  # 99.7%: not full
 
 
 def usage_text(used: int, limit: int | None) -> str:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from sqlalchemy import make_url, select
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from connector.core.errors import ConnectorError
@@ -69,16 +70,25 @@ def load_catalog(settings: Settings) -> SqlCatalog:
             f"work_dir {str(settings.root)!r} cannot be written ({e.strerror or e}): set work_dir "
             "(or CDCLAKE_WORK_DIR) to a writable directory"
         ) from None
-    catalog = Catalog(
-        settings.catalog.name,
-        uri=sqlalchemy_uri(settings),
-        warehouse=settings.warehouse,
-        **storage_properties(settings),
-    )
+    for attempt in (1, 2):
+        try:
+            catalog = Catalog(
+                settings.catalog.name,
+                uri=sqlalchemy_uri(settings),
+                warehouse=settings.warehouse,
+                **storage_properties(settings),
+            )
+            break
+        except OperationalError:  # two processes made a new catalog's tables at once: they are there now
+            if attempt == 2:
+                raise
     try:
         catalog.create_namespace(settings.catalog.namespace)
     except NamespaceAlreadyExistsError:
         pass
+    except IntegrityError:  # another process made it between pyiceberg's check and its insert
+        if not catalog.namespace_exists(settings.catalog.namespace):
+            raise
     return catalog
 
 

@@ -64,6 +64,7 @@ def _fold(
     """One key's changes applied one at a time, in log order, each truncate at its place
     (after every change older than it): a change older than what the key holds is stale,
     else it is what the key holds; a truncate removes a live row and keeps a tombstone.
+    `held` (what earlier rounds left) comes first among the changes after the same truncates.
     Returns what the key holds at the end and the stale changes with their reasons."""
     start = held[1] if held is not None and ordering == "source" else None
     changes = list(zip(evs, _carried(evs, start)))
@@ -72,8 +73,10 @@ def _fold(
     def after(change: Held) -> int:  # how many of the truncates come before the change
         return sum(not _older_than_truncate(change[0], change[1], t, ordering) for t in cuts)
 
-    top, stale = held, []
+    top, stale = None, []
     for i in range(len(cuts) + 1):
+        if held is not None and after(held) == i and (top is None or _order(*held, ordering) >= _order(*top, ordering)):
+            top = held
         for e, p in (c for c in changes if after(c) == i):
             if top is not None and _order(e, p, ordering) < _order(top[0], top[1], ordering):
                 won = top[0]

@@ -1,32 +1,62 @@
 """Chaos on the loopback: `cdclake run --every 1` processes on a Kafka stream, killed with
-SIGKILL at random moments (seeded: in ingest, compaction, maintenance or position mirroring,
-wherever each lands), two of them started at once on the same input, and the broker stopped
-and started in the middle. One clean run afterwards must leave exactly what the model of the
-stream says: every produced event once in the log, and the state and tombstones of the
-newest change per key.
+SIGKILL at random moments of their work, two of them started at once on the same input, and
+the broker stopped and started in the middle. One clean run afterwards must leave exactly
+what the model of the stream says: every produced event once in the log, and the state and
+tombstones of the newest change per key.
 
-`CDCLAKE_CHAOS_KILLS` (default 4) sets how many processes are killed; e.g. 40 for a long run."""
+Each round produces new events, starts a process (two in the first round) and kills it a
+random moment (seeded) after a random line of its work: the k-th step of ingest or
+compaction its log (`-v`) reports. Where each process was when it was killed is read from
+its log by the phase its lines say (`PHASES`): the chaos must have landed, at least half of
+the processes killed in a step of ingest or compaction (not starting up, not idle between
+rounds or retrying, not stopped on their own), and the broker must have gone away while a
+process was alive and ingesting. The processes get only the environment they need
+(`connector_env`), never the test's own CDCLAKE_* variables.
+
+`CHAOS_KILLS` (default 4; read by the test, never passed on) sets how many rounds of processes
+are killed; e.g. 40 for a long run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from connector.app import run_compaction, run_ingest
+from iceberg.catalog import load_catalog
 from tests.connector.test_kafka_source import kafka_settings, new_topic
 from tests.test_kafka_end_to_end import assert_tables_match_the_model_of, connector_env, log_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
-KILLS = int(os.environ.get("CDCLAKE_CHAOS_KILLS", "4"))
+KILLS = int(os.environ.get("CHAOS_KILLS", "4"))
+EVENTS_PER_ROUND = 150
+WORK = ("ingest", "compaction")  # the phases a kill must land in
+# The phase a line of `cdclake -v run` starts, by its logger (`%(levelname)s %(name)s:`) or the
+# console's summary of a step; the first pattern that matches wins, other lines change nothing.
+PHASES = [
+    # the end of a table's compaction round: what follows is the wait before the next round
+    (re.compile(r" INFO iceberg\.compaction\.job: compaction \S+: \{"), "idle"),
+    # the consumer's notices (`kafka <broker>: ...`) change nothing: many come while the broker is away
+    (
+        re.compile(r" (INFO|WARNING) (connector\.(pipeline|sinks|sources\.\w+)|iceberg\.log_writer): (?!kafka )"),
+        "ingest",
+    ),
+    (re.compile(r"^ingesting: "), "ingest"),
+    (re.compile(r"^\s*ingested [\d,]+ records"), "compaction"),  # ingest returned, compaction begins
+    (re.compile(r" (INFO|WARNING) iceberg\.(compaction\.\w+|maintenance): "), "compaction"),
+    (re.compile(r"^warning: round failed"), "retrying"),  # the backoff before the next round
+]
 
 
 def _run(s, topic: str, log: Path) -> subprocess.Popen:
@@ -51,13 +81,83 @@ def _run(s, topic: str, log: Path) -> subprocess.Popen:
     )
 
 
-def _last_step(log: Path) -> str:
-    """What a process was doing when it was killed (the module of its last log line), or
-    the error it stopped with."""
-    text = log.read_text(errors="replace").splitlines()
-    errors = [line for line in text if line.startswith("error:")]
-    lines = [line for line in text if " INFO " in line or " WARNING " in line]
-    return errors[-1][:90] if errors else lines[-1].split()[3].rstrip(":") if lines else "starting"
+def _produce(bootstrap: str, topic: str, rng: random.Random, first: int, n: int) -> list[tuple[int, int]]:
+    """Events `first` to `first + n - 1` of the stream, made as tests/kafka_producer.py makes
+    them (a tombstone after each delete); returns where each landed: (partition, offset)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    delivered: list[tuple[int, int]] = []
+    failed: list[str] = []
+
+    def on_delivery(err, msg) -> None:
+        if err is not None:
+            failed.append(str(err))
+        else:
+            delivered.append((msg.partition(), msg.offset()))
+
+    table = topic.rsplit(".", 1)[1]
+    for i in range(first, first + n):
+        key = rng.randrange(20)
+        op = rng.choice(["c", "u", "u", "d"])
+        value = json.dumps(
+            {
+                "op": op,
+                "after": None if op == "d" else {"id": key, "i": i},
+                "source": {"connector": "postgresql", "table": table, "lsn": 1000 + i},
+            }
+        )
+        p.produce(topic, key=json.dumps({"id": key}), value=value, partition=key % 2, on_delivery=on_delivery)
+        if op == "d":
+            p.produce(topic, key=json.dumps({"id": key}), value=None, partition=key % 2, on_delivery=on_delivery)
+        p.poll(0)
+    assert p.flush(60) == 0 and not failed, f"every event delivered: {failed}"
+    return delivered
+
+
+def _steps(log: Path) -> list[tuple[str, str]]:
+    """(phase, line) for each line of the log that starts a phase (`PHASES`), in order."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        phase = next((phase for pattern, phase in PHASES if pattern.search(line)), None)
+        if phase is not None:
+            out.append((phase, line.strip()))
+    return out
+
+
+def _worked(logs: list[Path]) -> int:
+    """How many steps of ingest or compaction the logs report."""
+    return sum(phase in WORK for log in logs for phase, _ in _steps(log))
+
+
+def _worked_to(logs: list[Path], goal: int) -> bool:
+    return _worked(logs) >= goal
+
+
+def _where(log: Path, alive: bool) -> tuple[str, str]:
+    """The phase a process was in (`stopped` if it had exited) and the line that says so."""
+    if not alive:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        errors = [line for line in lines if re.match(r"error:|\w*(Error|Exception)\b", line)]
+        return "stopped", (errors or lines or ["no output"])[-1]
+    steps = _steps(log)
+    return steps[-1] if steps else ("starting", "no step of work yet")
+
+
+def _reading(runs: list[subprocess.Popen], logs: list[Path]) -> list[str]:
+    """The logs of the processes alive that have started ingesting."""
+    return [
+        log.name
+        for run, log in zip(runs, logs)
+        if run.poll() is None and any(phase == "ingest" for phase, _ in _steps(log))
+    ]
+
+
+def _wait(runs: list[subprocess.Popen], until: Callable[[], object], timeout: float = 120.0) -> None:
+    """Until `until()`, every run has exited, or `timeout` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while not until() and any(run.poll() is None for run in runs) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def test_kills_a_second_writer_and_a_broker_restart_end_as_one_clean_run(spark, settings, kafka, tmp_path):
@@ -65,33 +165,41 @@ def test_kills_a_second_writer_and_a_broker_restart_end_as_one_clean_run(spark, 
     topic = new_topic(kafka, 2)
     table = topic.rsplit(".", 1)[1]
     s = kafka_settings(settings, kafka, topic, batch_size=1000)
-    delivered = tmp_path / "delivered.jsonl"
-    producer = [sys.executable, str(ROOT / "tests" / "kafka_producer.py"), kafka.bootstrap, topic, "600"]
-    subprocess.run([*producer, str(delivered)], cwd=ROOT, check=True, timeout=120)
-    sent = [json.loads(line) for line in delivered.read_text().splitlines()]
-
-    where = []
+    load_catalog(s)  # the catalog's own tables exist before two processes open it at once
+    sent: list[tuple[int, int]] = []
+    sites: list[str] = []  # per process: where it was killed, or that it had stopped
+    mid_work = 0
+    reading_at_outage: list[str] = []
     for i in range(KILLS):
+        sent += _produce(kafka.bootstrap, topic, rng, i * EVENTS_PER_ROUND, EVENTS_PER_ROUND)
         logs = [tmp_path / f"run-{i}-{j}.log" for j in range(2 if i == 0 else 1)]  # two writers at once first
         runs = [_run(s, topic, log) for log in logs]
-        if i == KILLS // 2:  # the broker goes away while they run
-            time.sleep(rng.uniform(8, 14))
+        if i == KILLS // 2:  # the broker goes away while they read
+            _wait(runs, functools.partial(_reading, runs, logs))
+            before = _reading(runs, logs)
             kafka.stop()
+            reading_at_outage = [name for name in _reading(runs, logs) if name in before]
             time.sleep(2)
             kafka.start()
-        time.sleep(rng.uniform(10, 30) if i else 25)
+        _wait(runs, functools.partial(_worked_to, logs, _worked(logs) + rng.randint(1, 12)))
+        time.sleep(rng.uniform(0, 0.5))
         for run, log in zip(runs, logs):
-            killed = run.poll() is None
-            if killed:
+            alive = run.poll() is None
+            if alive:
                 os.killpg(run.pid, signal.SIGKILL)
             run.wait()
-            where.append(("killed in " if killed else "stopped: ") + _last_step(log))
-    print("\n".join(where))
+            phase, line = _where(log, alive)
+            mid_work += phase in WORK
+            sites.append(f"{log.name}: {'killed in ' if alive else ''}{phase}: {line[:160]}")
+    where = "\n".join([*sites, f"the broker stopped while these were alive and ingesting: {reading_at_outage}"])
+    print(where)
+    assert 2 * mid_work >= len(sites), f"fewer than half the processes were killed in ingest or compaction:\n{where}"
+    assert reading_at_outage, f"the broker stopped while no process was alive and ingesting:\n{where}"
 
     run_ingest(s)  # one clean run
     run_compaction(s, [table], force=True)
     rows = log_rows(s, table)
-    assert sorted((r["partition"], r["sequence_number"]) for r in rows) == sorted(
-        (e["partition"], e["offset"]) for e in sent
-    ), "every produced event once in the log"
+    assert sorted((r["partition"], r["sequence_number"]) for r in rows) == sorted(sent), (
+        "every produced event once in the log"
+    )
     assert_tables_match_the_model_of(s, table, rows)

@@ -59,10 +59,34 @@ def assert_tables_match_the_model_of(s, table: str, rows: list[dict]) -> None:
     assert offsets_by_key(s, names(s, table).tombstones) == tombs
 
 
+# What a child process takes from the test's environment: the system's and the runtimes'
+# necessities, never a CDCLAKE_* variable (an unknown one is a configuration error)
+PASSED_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "JAVA_HOME",
+    "SPARK_HOME",
+    "SPARK_LOCAL_IP",
+    "PYSPARK_PYTHON",
+    "PYSPARK_DRIVER_PYTHON",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+)
+
+
 def connector_env(s, topic: str, batch_size: int, unavailable_timeout: int, **more: str) -> dict[str, str]:
-    """The environment of `cdclake run` against the settings' broker and namespace."""
+    """The environment of `cdclake run` against the settings' broker and namespace: the
+    necessities of `PASSED_ENV` and the settings given here, nothing else."""
     return {
-        **os.environ,
+        **{k: os.environ[k] for k in PASSED_ENV if k in os.environ},
+        "PYTHONUNBUFFERED": "1",  # its log lines as they happen
         "CDCLAKE_WORK_DIR": str(s.work_dir),
         "CDCLAKE_CATALOG__NAMESPACE": s.catalog.namespace,
         "CDCLAKE_SOURCE__TYPE": "kafka",

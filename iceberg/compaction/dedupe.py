@@ -130,8 +130,8 @@ def latest_per_key(ranked: DataFrame) -> DataFrame:
 
 
 def older_than_truncate(truncate: Truncate, ordering: Ordering) -> Column:
-    """The Spark twin of `connector.core.ordering.older_than_truncate` over candidate columns
-    (`_o` must be set under the source ordering)."""
+    """Whether a candidate is older than `truncate` (`connector.core.ordering`'s rule over
+    candidate columns; `_o` must be set under the source ordering)."""
     if ordering == "log":
         same = (F.col("_topic") == F.lit(truncate.topic)) & (F.col("_partition_id") == F.lit(truncate.partition))
         return F.when(same, F.col("_sequence_number") < F.lit(truncate.sequence_number)).otherwise(

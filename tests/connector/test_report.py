@@ -12,7 +12,15 @@ from iceberg.compaction.report import CompactionReport
 
 @pytest.mark.parametrize(
     "part,whole,text",
-    [(0, 10**9, "0%"), (416, 1024**3, "<0.01%"), (39, 1000, "3.9%"), (1, 3, "33%"), (5, 5, "100%"), (6, 5, "120%")],
+    [
+        (0, 10**9, "0%"),
+        (416, 1024**3, "<0.01%"),
+        (39, 1000, "3.9%"),
+        (1, 3, "33%"),
+        (997, 1000, "99%"),  # not full until it is
+        (5, 5, "100%"),
+        (6, 5, "120%"),
+    ],
 )
 def test_share(part, whole, text):
     assert report.share(part, whole) == text

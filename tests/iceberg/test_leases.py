@@ -56,3 +56,25 @@ def test_the_lease_of_a_process_that_is_gone_is_free(settings):
     with catalog.engine.begin() as conn:
         conn.execute(LEASES.update().where(LEASES.c.holder == held.holder).values(holder=dead))
     acquire(load_catalog(settings), "ns.orders", "compaction").release()  # at once, without waiting out the lease
+
+
+OPEN_AT = """
+import sys, time
+from connector.core.config import load_settings
+from iceberg.catalog import load_catalog
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+load_catalog(load_settings(work_dir=sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_processes_opening_a_new_catalog_at_once_all_open_it(tmp_path, attempt):
+    """Two writers started together on a fresh work directory (the catalog's tables and the
+    namespace not made yet) both start: the one that loses the race to make them finds them."""
+    start = time.time() + 3
+    procs = [
+        subprocess.Popen([sys.executable, "-c", OPEN_AT, str(tmp_path / "w"), str(start)], stderr=subprocess.PIPE)
+        for _ in range(6)
+    ]
+    errors = [p.communicate(timeout=60)[1].decode()[-400:] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, errors

@@ -10,10 +10,12 @@ from datetime import timedelta
 import pytest
 
 from iceberg.catalog import load_catalog
+from iceberg.compaction.stats import load_optional
 from tests.conftest import kcat_lines
 from tests.iceberg.helpers import (
     NOW,
     compact_table,
+    decoded,
     kline,
     names,
     offsets_by_key,
@@ -22,6 +24,7 @@ from tests.iceberg.helpers import (
     with_source,
     write_lines,
 )
+from tests.model import expected_tables, stale_events
 
 pytestmark = pytest.mark.spark
 
@@ -116,3 +119,43 @@ def test_an_event_older_than_the_truncate_marker_stays_stale_after_tombstones_ar
     assert [(r["_key"], r["_partition_id"], r["_offset"], r["reason"]) for r in rows] == [
         ('{"id":2}', 2, "0", "older_than_truncate")
     ]
+
+
+HELD_AFTER_A_TRUNCATE = {
+    # a tombstone held from p1 (enqueued at 5); then a truncate on p2 enqueued at 3 and an
+    # update on p0 enqueued at 1: the update comes before the truncate, the tombstone after it
+    "log": [
+        kline(1, 0, 1, pg("d", 1, 20), 5),
+        kline(2, 0, None, _truncate(30), 3),
+        kline(0, 0, 1, pg("u", 1, 40), 1),
+    ],
+    # an update held at LSN 20; then a truncate at LSN 10 and an update at LSN 15: both
+    # updates come after the truncate, and the later-arriving one is older than the held one
+    "source": [
+        kline(0, 0, 1, pg("u", 1, 20), 0),
+        kline(2, 0, None, _truncate(10), 1),
+        kline(0, 1, 1, pg("u", 1, 15), 2),
+    ],
+}
+
+
+@pytest.mark.parametrize("ordering", ["source", "log"])
+def test_a_held_row_comes_in_after_the_truncates_it_is_newer_than(spark, settings, tmp_path, ordering):
+    """A row an earlier round left competes with the round's changes after the same truncates
+    it is newer than (not before all of the round's truncates): the tables and the stale
+    events are the model's."""
+    lines = HELD_AFTER_A_TRUNCATE[ordering]
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    s = with_source(settings, path, ordering=ordering)
+    run_ingest(s, max_records=1)
+    compact_table(spark, s, "things")
+    run_ingest(s)
+    compact_table(spark, s, "things")
+    events = decoded(path, s)
+    state, tombstones = expected_tables(events, ordering)
+    t = names(s, "things")
+    assert (offsets_by_key(s, t.state), offsets_by_key(s, t.tombstones)) == (state, tombstones)
+    stale = load_optional(load_catalog(s), t.stale)
+    rows = [] if stale is None else stale.scan().to_arrow().to_pylist()
+    got = sorted((r["_partition_id"], r["_sequence_number"], r["reason"]) for r in rows)
+    assert got == stale_events([events[:1], events[1:]], ordering)
