@@ -67,8 +67,10 @@ def load_usage(settings: Settings, catalog: Catalog, tables: list[str] | None = 
 
 
 def validate_tables(settings: Settings, catalog: Catalog) -> None:
-    """Every configured and existing table against its tier (errors name table, setting, tier, limit)."""
-    for table in sorted(set(settings.tables) | {n.table for n in table_names(settings, catalog)}):
+    """Every table named in the settings and every existing one against its tier (errors name
+    table, setting, tier, limit); a table that a glob or [table_defaults] configures is
+    checked here once it exists, and by the quota gate when its first events arrive."""
+    for table in sorted(set(settings.named_tables()) | {n.table for n in table_names(settings, catalog)}):
         validate(settings, table)
 
 
@@ -132,8 +134,7 @@ def _ingest(
 
 
 def compaction_enabled(settings: Settings, table: str) -> bool:
-    cfg = settings.tables.get(table)
-    return cfg.compaction if cfg else True
+    return settings.table(table).compaction
 
 
 def run_compaction(
@@ -156,8 +157,8 @@ def run_compaction(
         validate(settings, names.table)
         if on_table:
             on_table(names.state)
-        policy, cfg = policy_of(settings), settings.tables.get(names.table)
-        if cfg is not None and cfg.log_retention_hours:
+        policy, cfg = policy_of(settings), settings.table(names.table)
+        if cfg.log_retention_hours:
             policy = dataclasses.replace(policy, log_retention=timedelta(hours=cfg.log_retention_hours))
         reports.append(compact(spark, catalog, names, policy, now or datetime.now(UTC), force, wait))
     return reports

@@ -367,6 +367,7 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
     after_text, types_text, bad = after_json(after)
     keys = key_texts(_take(batch.table["key"], idx).combine_chunks(), decoder.key_format)
     tables = mapped(table_text, lambda text: _table_or_none(text, limits.max_table_name_length))
+    keyed = [t for t in pc.unique(tables).to_pylist() if t is not None and decoder.key_fields(t)]
     ok = pc.and_kleene(pc.is_in(op, FAST_OPS), pc.is_valid(source))
     for cond in (
         pc.equal(pc.utf8_lower(connector), "postgresql"),
@@ -375,7 +376,7 @@ def _fast_topic(decoder: Decoder, batch: RecordBatch, idx: pa.Array, now: dateti
         pc.is_valid(keys),
         pc.or_(is_d, pc.is_valid(after)),
         pc.invert(bad),
-        pc.invert(pc.is_in(tables, pa.array(sorted(decoder.key_fields), pa.string()))),
+        pc.invert(pc.is_in(tables, pa.array(keyed, pa.string()))),
     ):
         ok = pc.and_kleene(ok, cond)
     ok = ok.fill_null(False)

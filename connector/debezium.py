@@ -13,12 +13,12 @@ import binascii
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal, DecimalException
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import orjson
 
-from connector.core.config import Settings
+from connector.core.config import Settings, TableConfig, table_settings
 from connector.core.errors import DecodeError
 from connector.core.ordering import INT64_MAX, INT64_MIN, is_snapshot, source_position
 from connector.core.records import SOURCE_ERROR_HEADER, ChangeEvent, DeadLetter, SourceRecord, table_name, topic_table
@@ -207,22 +207,34 @@ def _source_table(text: str, max_length: int = DecodeLimits.max_table_name_lengt
 class Decoder:
     """Decodes records of any number of tables.
 
-    `key_fields` maps a table to the payload fields that form its key; when given, the key
-    is taken from the after- (or before-) image, else from the record key. The only state
-    is a bounded map topic -> table learned from decoded events, so a bare tombstone is
-    routed to the table its topic carried.
+    `key_fields` gives a table's payload fields that form its key (a map, or a function of
+    the table: settings with globs and defaults); when given, the key is taken from the
+    after- (or before-) image, else from the record key. The state is a bounded map topic ->
+    table learned from decoded events, so a bare tombstone is routed to the table its topic
+    carried, and the key fields of the tables met so far.
     """
 
     def __init__(
         self,
-        key_fields: Mapping[str, Sequence[str]] | None = None,
+        key_fields: Mapping[str, Sequence[str]] | Callable[[str], Sequence[str]] | None = None,
         key_format: KeyFormat = "json",
         limits: DecodeLimits = DecodeLimits(),
     ):
-        self.key_fields = {t: tuple(f) for t, f in (key_fields or {}).items()}
+        self._resolve = key_fields if callable(key_fields) else None
+        given = {} if callable(key_fields) else (key_fields or {})
+        self._key_fields = {t: tuple(f) for t, f in given.items()}  # with a function: a cache of it
         self.key_format = key_format
         self.limits = limits
         self._topic_tables: dict[str, str] = {}
+
+    def key_fields(self, table: str) -> tuple[str, ...]:
+        """The payload fields that form `table`'s key; () for the record key."""
+        fields = self._key_fields.get(table)
+        if fields is None:
+            fields = tuple(self._resolve(table)) if self._resolve else ()
+            if self._resolve and len(self._key_fields) < MAX_TOPICS:
+                self._key_fields[table] = fields
+        return fields
 
     def decode(self, record: SourceRecord) -> ChangeEvent | DeadLetter:
         """Never raises for bad input: returns a DeadLetter with the reason instead."""
@@ -314,7 +326,7 @@ class Decoder:
         return ChangeEvent(record, table, key, op, snapshot, False, position, ts_ms, values, types)
 
     def _key(self, record: SourceRecord, table: str, image: Mapping[str, Any] | None) -> str:
-        fields = self.key_fields.get(table)
+        fields = self.key_fields(table)
         if fields and image and all(f in image for f in fields):
             return canonical({f: image[f] for f in fields})
         key = self._record_key(record)
@@ -336,4 +348,9 @@ def decoder_for(settings: Settings) -> Decoder:
     limits = DecodeLimits(
         lim.max_depth, lim.max_columns, lim.max_name_length, lim.max_table_name_length, lim.max_value_bytes
     )
-    return Decoder(settings.key_fields(), settings.source.keys, limits)
+    # the table sections alone go to the Spark tasks with the decoder: no secret of the settings
+    return Decoder(partial(_key_fields, dict(settings.tables), settings.table_defaults), settings.source.keys, limits)
+
+
+def _key_fields(tables: Mapping[str, TableConfig], defaults: TableConfig, table: str) -> list[str]:
+    return table_settings(tables, defaults, table).key_fields

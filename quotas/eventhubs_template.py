@@ -28,13 +28,18 @@ NS = "parameters('namespaceName')"
 
 
 def hubs(settings: Settings) -> list[str]:
-    """The event hubs the source reads: its topics, else the configured tables."""
+    """The event hubs the source reads: its topics, else the tables named in the settings."""
     source = settings.source
     if isinstance(source, KafkaCommonConfig):
+        if source.topics is None:  # a pattern may match hubs that do not exist yet: no names to define
+            raise QuotaConfigError(
+                "source.topics_pattern names no event hubs: give the template a config that lists them in "
+                "source.topics, in place of the pattern"
+            )
         return list(source.topics)
     if isinstance(source, EventHubsSourceConfig):
         return [source.label().rsplit("/", 1)[-1]]
-    return sorted(settings.tables)
+    return sorted(settings.named_tables())
 
 
 def consumer_group(settings: Settings) -> str:
@@ -93,9 +98,9 @@ def template(settings: Settings, partitions: int = 4) -> dict[str, Any]:
         namespace["properties"]["clusterArmId"] = f"[{cluster}]"
     resources.append(namespace)
     for hub, table in tables.items():
-        cfg = settings.tables.get(table)
-        compacted = cfg.compaction if cfg else True
-        hours = cfg.log_retention_hours if cfg and cfg.log_retention_hours else settings.compaction.log_retention_hours
+        cfg = settings.table(table)
+        compacted = cfg.compaction
+        hours = cfg.log_retention_hours or settings.compaction.log_retention_hours
         retention: dict[str, Any] = (
             {
                 "cleanupPolicy": "Compact",
@@ -111,7 +116,7 @@ def template(settings: Settings, partitions: int = 4) -> dict[str, Any]:
                 "name": f"[concat({NS}, '/{hub}')]",
                 "dependsOn": [f"[resourceId('Microsoft.EventHub/namespaces', {NS})]"],
                 "properties": {
-                    "partitionCount": cfg.partitions if cfg and cfg.partitions else partitions,
+                    "partitionCount": cfg.partitions or partitions,
                     "retentionDescription": retention,
                 },
             }

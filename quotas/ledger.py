@@ -28,32 +28,27 @@ def tiers(settings: Settings) -> dict[str, TierQuota]:
 
 
 def table_quota(settings: Settings, table: str) -> TierQuota:
-    cfg = settings.tables.get(table)
-    name = (cfg.tier if cfg and cfg.tier else None) or settings.quotas.default_tier
+    cfg = settings.table(table)
+    name = cfg.tier or settings.quotas.default_tier
     known = tiers(settings)
     if name not in known:
-        key = f"tables.{table}.tier" if cfg and cfg.tier else "quotas.default_tier"
+        key = settings.table_key(table, "tier") if cfg.tier else "quotas.default_tier"
         raise QuotaConfigError(f"{key} = {name!r}: unknown tier (known: {sorted(known)}; add one under quotas.custom)")
-    quota = known[name]
-    if cfg:
-        quota = quota.with_overrides(
-            max_event_bytes=cfg.max_event_bytes, compacted_bytes_per_partition=cfg.compacted_bytes_per_partition
-        )
-    return quota
+    return known[name].with_overrides(
+        max_event_bytes=cfg.max_event_bytes, compacted_bytes_per_partition=cfg.compacted_bytes_per_partition
+    )
 
 
 def validate(settings: Settings, table: str) -> TierQuota:
     """The table's quota, after checking its settings against the tier."""
-    cfg = settings.tables.get(table)
+    cfg = settings.table(table)
     quota = table_quota(settings, table)
     validate_table(
         table,
         quota,
-        compaction=cfg.compaction if cfg else True,
-        partitions=cfg.partitions if cfg else None,
-        log_retention_hours=(
-            cfg.log_retention_hours if cfg and cfg.log_retention_hours else settings.compaction.log_retention_hours
-        ),
+        compaction=cfg.compaction,
+        partitions=cfg.partitions,
+        log_retention_hours=cfg.log_retention_hours or settings.compaction.log_retention_hours,
         tombstone_retention_hours=settings.compaction.tombstone_retention_hours,
     )
     return quota

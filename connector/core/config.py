@@ -11,6 +11,8 @@ import contextvars
 import os
 import re
 import tomllib
+from collections.abc import Mapping
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,6 +136,11 @@ class LimitsConfig(Section):
 
 
 class TableConfig(Section):
+    """A table's settings. `[tables.<name>]` is a table's exact name or a glob
+    (`[tables."inventory_*"]`); a table takes its exact entry, else the first glob in file
+    order that matches it, else `[table_defaults]`; the keys an entry does not set come from
+    `[table_defaults]`."""
+
     key_fields: list[str] = Field(default_factory=list, description="payload fields forming the key")
     tier: str | None = Field(None, description="Event Hubs tier of this table; default quotas.default_tier")
     compaction: bool = Field(True, description="false: the log only (required on the basic tier)")
@@ -209,6 +216,7 @@ class Settings(BaseSettings):
     spark: SparkConfig = SparkConfig()
     quotas: QuotaConfig = QuotaConfig()
     limits: LimitsConfig = LimitsConfig()
+    table_defaults: TableConfig = TableConfig()
     tables: dict[str, TableConfig] = Field(default_factory=dict)
 
     @classmethod
@@ -236,8 +244,48 @@ class Settings(BaseSettings):
     def warehouse(self) -> str:
         return self.catalog.warehouse or (self.root / "warehouse").as_uri()
 
-    def key_fields(self) -> dict[str, list[str]]:
-        return {t: c.key_fields for t, c in self.tables.items() if c.key_fields}
+    def table_entry(self, table: str) -> str | None:
+        """The `[tables.<entry>]` that applies to `table` (`table_entry`)."""
+        return table_entry(self.tables, table)
+
+    def table(self, table: str) -> TableConfig:
+        """The settings of `table` (`table_settings`)."""
+        return table_settings(self.tables, self.table_defaults, table)
+
+    def table_key(self, table: str, key: str) -> str:
+        """Where `table`'s `key` is set, for an error to name: `tables.<entry>.<key>` or
+        `table_defaults.<key>`."""
+        entry = self.table_entry(table)
+        if entry is not None and key in self.tables[entry].model_fields_set:
+            return f"tables.{entry}.{key}"
+        return f"table_defaults.{key}"
+
+    def named_tables(self) -> list[str]:
+        """The tables named exactly in `[tables.<name>]` (not the globs)."""
+        return [k for k in self.tables if not is_glob(k)]
+
+
+def is_glob(name: str) -> bool:
+    """A `[tables.<name>]` key is a glob when it holds a wildcard (a table name never does)."""
+    return any(c in name for c in "*?[")
+
+
+def table_entry(tables: Mapping[str, TableConfig], table: str) -> str | None:
+    """The `[tables.<entry>]` that applies to `table`: its exact name, else the first glob
+    (in file order) that matches it; None: `[table_defaults]` alone."""
+    if table in tables:
+        return table
+    return next((k for k in tables if is_glob(k) and fnmatchcase(table, k)), None)
+
+
+def table_settings(tables: Mapping[str, TableConfig], defaults: TableConfig, table: str) -> TableConfig:
+    """The settings of `table`: its entry (`table_entry`) over `defaults`, key by key (an
+    entry sets only the keys it names). Takes the table sections only (no secret), so Spark
+    tasks can be given it."""
+    entry = table_entry(tables, table)
+    if entry is None:
+        return defaults
+    return TableConfig(**{**defaults.model_dump(exclude_unset=True), **tables[entry].model_dump(exclude_unset=True)})
 
 
 # CDCLAKE_* variables that are not settings: the config file's path, test fault points

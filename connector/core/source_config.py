@@ -65,7 +65,15 @@ _STARTING: Any = Field(
 
 
 class KafkaCommonConfig(_SourceBase):
-    topics: list[str] = Field(min_length=1, description="topics (event hubs) to read")
+    topics: list[str] | None = Field(
+        None, min_length=1, description="topics (event hubs) to read; each must exist (or give topics_pattern)"
+    )
+    topics_pattern: str | None = Field(
+        None,
+        description="instead of topics: a regular expression matched against whole topic names (internal __* "
+        "topics never match); the topics are listed again every batch, so one created later is read from the "
+        "next batch, and a pattern that matches nothing yet is no error",
+    )
     group_id: str = Field("cdclake", description="consumer group whose offsets mirror the committed positions")
     security_protocol: str | None = Field(None, description="default PLAINTEXT (kafka), SASL_SSL (eventhubs-kafka)")
     starting_position: Literal["earliest", "latest"] | int | datetime = _STARTING
@@ -79,13 +87,36 @@ class KafkaCommonConfig(_SourceBase):
         "Spark's Kafka source gets them as kafka.<name>",
     )
 
+    @field_validator("topics_pattern")
+    @classmethod
+    def _pattern(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(
+                    f"{pattern!r} is not a regular expression ({e}): give one such as 'db1\\.inventory\\..*'"
+                ) from None
+        return pattern
+
+    @model_validator(mode="after")
+    def _topics(self) -> KafkaCommonConfig:
+        if self.topics is None and self.topics_pattern is None:
+            raise ValueError("give source.topics (a list of topics) or source.topics_pattern (a regex)")
+        if self.topics is not None and self.topics_pattern is not None:
+            raise ValueError("source.topics and source.topics_pattern are both set: give one of them")
+        return self
+
     def kafka_settings(self) -> dict[str, str]:
         """librdkafka settings (hold the secret)."""
         raise NotImplementedError
 
     def label(self) -> str:
         """What the source is, without a secret (names the ingest lease)."""
-        return f"{self.type} {self.kafka_settings()['bootstrap.servers']} topics {','.join(self.topics)}"  # type: ignore[attr-defined]
+        where = f"{self.type} {self.kafka_settings()['bootstrap.servers']}"  # type: ignore[attr-defined]
+        if self.topics_pattern is not None:
+            return f"{where} topics_pattern {self.topics_pattern}"
+        return f"{where} topics {','.join(self.topics or [])}"
 
 
 class KafkaSourceConfig(KafkaCommonConfig):

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -32,6 +33,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 METADATA_REFRESH_SECONDS = 10.0
+
+
+def matching_topics(names: Iterable[str], pattern: str) -> list[str]:
+    """The topics whose whole name matches `pattern`, never Kafka's internal `__*` topics
+    (`__consumer_offsets`...)."""
+    regex = re.compile(pattern)
+    return sorted(n for n in names if not n.startswith("__") and regex.fullmatch(n))
 
 
 def retrying(call: Callable[[], T], timeout: float, what: str) -> T:
@@ -67,7 +75,8 @@ class KafkaOffsets:
     """The driver's view of the topics (confluent-kafka, metadata only): the partitions, where
     each starts (the committed position, else `starting_position`; a committed position the
     broker no longer holds is data loss), the end offsets at seek time, and the consumer
-    group's offsets, written after each Iceberg commit so lag tools see progress."""
+    group's offsets, written after each Iceberg commit so lag tools see progress. With a
+    `pattern` instead of `topics`, the topics are those of the cluster that match it."""
 
     def __init__(
         self,
@@ -77,9 +86,11 @@ class KafkaOffsets:
         starting_position: str | int | datetime = "earliest",
         fail_on_data_loss: bool = True,
         unavailable_timeout: float = 60.0,
+        pattern: str | None = None,
     ):
         self.where = settings.get("bootstrap.servers", "?")
-        self.topics, self.starting = list(topics), starting_position
+        self.topics, self.starting, self.pattern = list(topics), starting_position, pattern
+        self._matched: list[str] | None = None  # the topics the pattern matched last (logged when they change)
         self.fail_on_data_loss, self.unavailable_timeout = fail_on_data_loss, unavailable_timeout
         self._last_error: KafkaError | None = None
         self.consumer = Consumer(
@@ -113,6 +124,8 @@ class KafkaOffsets:
             meta = self.consumer.list_topics(timeout=self.unavailable_timeout)
         except KafkaException as e:
             raise SourceError(self._unreachable(str(e))) from None
+        if self.pattern is not None:
+            return self._matching(meta.topics)
         out = set()
         for topic in self.topics:
             t = meta.topics.get(topic)
@@ -124,6 +137,21 @@ class KafkaOffsets:
             out |= {(topic, p) for p in t.partitions}
         self._refreshed = time.monotonic()
         return out
+
+    def _matching(self, topics: Mapping[str, Any]) -> set[tuple[str, int]]:
+        """The partitions of the topics the pattern matches. A topic the broker reports with an
+        error (one just created may have no leader yet) is left to the next listing."""
+        names = matching_topics(topics, self.pattern or "")
+        ready = [n for n in names if topics[n].error is None]
+        if names != self._matched:  # logged when it changes, not every batch
+            self._matched = names
+            if not names:
+                log.info("no topic at %s matches source.topics_pattern %r yet", self.where, self.pattern)
+            else:
+                waiting = {n: str(topics[n].error) for n in names if n not in ready}
+                log.info("topics at %s matching %r: %s (not ready: %s)", self.where, self.pattern, names, waiting)
+        self._refreshed = time.monotonic()
+        return {(n, p) for n in ready for p in topics[n].partitions}
 
     def _unreachable(self, detail: str) -> str:
         return (
@@ -270,11 +298,12 @@ class KafkaSource(Source):
         settings = config.kafka_settings()
         self.meta = KafkaOffsets(
             settings,
-            config.topics,
+            config.topics or [],
             config.group_id,
             config.starting_position,
             config.fail_on_data_loss,
             config.unavailable_timeout_seconds,
+            config.topics_pattern,
         )
         self.options = read_options(config.group_id, settings, config.fail_on_data_loss)
 
@@ -283,8 +312,10 @@ class KafkaSource(Source):
 
     def next_frame(self, spark: Any, max_events: int) -> Any:
         meta = self.meta
-        if time.monotonic() - meta._refreshed > METADATA_REFRESH_SECONDS:
-            meta._assign(meta._partitions())  # partitions added while running
+        # partitions added while running; with a pattern every batch, so that a topic created
+        # while the job runs is read from the next batch
+        if meta.pattern is not None or time.monotonic() - meta._refreshed > METADATA_REFRESH_SECONDS:
+            meta._assign(meta._partitions())
         ranges: dict[str, dict[str, list[int]]] = {}
         for topic, part in meta._assigned:  # retention may have removed offsets since the last batch
             at = stream_id(topic, part)
@@ -326,4 +357,4 @@ class KafkaSource(Source):
         self.meta.close()
 
 
-__all__ = ["KafkaOffsets", "KafkaSource", "read_options", "spark_kafka_options"]
+__all__ = ["KafkaOffsets", "KafkaSource", "matching_topics", "read_options", "spark_kafka_options"]

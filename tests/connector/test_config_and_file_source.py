@@ -21,7 +21,7 @@ def test_environment_overrides_file_and_errors_name_the_key(tmp_path, monkeypatc
     cfg = tmp_path / "c.toml"
     cfg.write_text('[compaction]\ntombstone_retention_hours = 12\n[tables.orders]\nkey_fields = ["order_id"]\n')
     assert load_settings(cfg).compaction.tombstone_retention_hours == 12
-    assert load_settings(cfg).key_fields() == {"orders": ["order_id"]}
+    assert load_settings(cfg).table("orders").key_fields == ["order_id"]
     monkeypatch.setenv("CDCLAKE_COMPACTION__TOMBSTONE_RETENTION_HOURS", "48")
     assert load_settings(cfg).compaction.tombstone_retention_hours == 48
     monkeypatch.setenv("CDCLAKE_COMPACTION__MIN_CLEANABLE_DIRTY_RATIO", "2")

@@ -22,8 +22,8 @@ SOURCE = TypeAdapter(SourceConfig)
 pytestmark = pytest.mark.kafka
 
 
-def new_topic(kafka, partitions: int = 2) -> str:
-    topic = f"pg.inventory.t{uuid.uuid4().hex[:8]}"
+def new_topic(kafka, partitions: int = 2, topic: str | None = None) -> str:
+    topic = topic or f"pg.inventory.t{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept alive until the futures resolve
     for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         f.result(30)
@@ -212,6 +212,64 @@ def test_partitions_added_between_runs_are_read(settings, kafka):
     produce(kafka, topic, [(1, 2, "c")])
     run_ingest(s)
     assert log_positions(s, table) == [(0, 0), (1, 0)]
+
+
+def produced_positions(events: list[tuple[int, int, str | None]]) -> list[tuple[int, int]]:
+    """The (partition, offset) of each event `produce` wrote to a new topic."""
+    count: dict[int, int] = {}
+    out = []
+    for part, _, _ in events:
+        out.append((part, count.get(part, 0)))
+        count[part] = count.get(part, 0) + 1
+    return sorted(out)
+
+
+def test_a_topics_pattern_reads_the_matching_topics_and_those_created_while_running(settings, kafka):
+    """`topics_pattern`: the topics whose whole name matches are ingested into their tables,
+    the others are not; a topic created after the first batch is read by a later batch of
+    the same run, and one created between runs by the next run."""
+    prefix = f"re{uuid.uuid4().hex[:8]}"
+    s = kafka_settings(settings, kafka, "", topics=None, topics_pattern=rf"{prefix}\.inventory\.[a-z]+")
+    assert s.source.topics is None and run_ingest(s).records == 0  # nothing matches yet: no error
+
+    produced = {
+        "customers": [(0, 1, "c"), (1, 2, "c"), (0, 1, "u"), (1, 3, "c"), (0, 4, "c")],
+        "orders": [(0, 10, "c"), (0, 11, "c"), (0, 10, "d"), (0, 10, None)],
+    }
+    for table, events in produced.items():
+        new_topic(kafka, 2, f"{prefix}.inventory.{table}")
+        produce(kafka, f"{prefix}.inventory.{table}", events)
+    for other in (f"{prefix}.inventory.customers_old", f"{prefix}.audit.events"):  # the whole name must match
+        new_topic(kafka, 1, other)
+        produce(kafka, other, [(0, 1, "c"), (0, 2, "c")])
+
+    created_after: list[int] = []
+
+    def create_items(stats) -> None:
+        if not created_after:  # after the first batch: a topic the run did not see at its start
+            created_after.append(stats.batches)
+            produced["items"] = [(0, 20, "c"), (0, 21, "c"), (0, 20, "u")]
+            new_topic(kafka, 1, f"{prefix}.inventory.items")
+            produce(kafka, f"{prefix}.inventory.items", produced["items"])
+
+    stats = run_ingest(s, on_batch=create_items)  # batch_size 4: 9 records at the start, 3 batches at least
+    assert created_after == [1]
+    assert {t: n for t, n in stats.accepted.items() if n} == {t: len(e) for t, e in produced.items()}
+    for table, events in produced.items():
+        assert log_positions(s, table) == produced_positions(events)
+    catalog = load_catalog(s)
+    assert not catalog.table_exists(names(s, "customers_old").log)
+    assert not catalog.table_exists(names(s, "events").log)
+
+    parts = [(0, 30, "c"), (1, 31, "c")]
+    new_topic(kafka, 2, f"{prefix}.inventory.parts")
+    produce(kafka, f"{prefix}.inventory.parts", parts)
+    produce(kafka, f"{prefix}.inventory.customers", [(1, 5, "c")])
+    stats = run_ingest(s)
+    assert {t: n for t, n in stats.accepted.items() if n} == {"parts": 2, "customers": 1}
+    assert log_positions(s, "parts") == produced_positions(parts)
+    assert log_positions(s, "customers") == produced_positions([*produced["customers"], (1, 5, "c")])
+    assert not catalog.table_exists(names(s, "customers_old").log)
 
 
 def test_offsets_that_no_longer_exist_are_reported(settings, kafka):
