@@ -406,7 +406,7 @@ def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh direct
     console.rule("[bold]status[/bold]")
     _guard(lambda: print_status(settings))
     _guard(lambda: print_quotas(settings))
-    console.print(f"demo finished in {time.monotonic() - started:.1f}s; catalog {settings.catalog_uri}")
+    console.print(f"demo finished in {time.monotonic() - started:.1f}s; catalog {settings.catalog_uri}", soft_wrap=True)
     console.print(
         f"its configuration is {config}: try `cdclake status -c {config}`, `cdclake read customers -c {config}`, "
         f'`cdclake query -c {config} "SELECT * FROM cdc.orders"`',
