@@ -108,6 +108,7 @@ def _whole_pipeline(spark, tmp_path: Path, catalog: dict, env: dict[str, str], m
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_the_whole_pipeline_on_a_postgresql_catalog(spark, postgres, tmp_path, monkeypatch):
     settings = _whole_pipeline(
         spark, tmp_path, {"name": "pg", "uri": postgres.uri}, {"CDCLAKE_CATALOG__PASSWORD": PG_PASSWORD}, monkeypatch
@@ -138,6 +139,7 @@ def test_a_password_in_the_catalog_uri_is_refused_and_never_shown():
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_the_whole_pipeline_on_an_s3_warehouse(spark, s3, tmp_path, monkeypatch):
     import boto3
 

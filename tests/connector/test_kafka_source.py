@@ -318,6 +318,7 @@ def test_starting_position_for_new_partitions(settings, kafka, start, expected):
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_a_broker_outage_through_the_cli_is_one_line_without_third_party_output(settings, kafka, tmp_path):
     """`cdclake ingest` in its own process with the broker down: exit 1, and everything it
     prints (stdout and stderr: Spark's, the JVM's, librdkafka's) is the one error line."""

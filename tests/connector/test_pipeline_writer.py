@@ -207,6 +207,7 @@ def test_a_log_that_kept_headers_as_text_keeps_that_text_and_takes_new_rows(spar
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writers", [2, 3])
 def test_concurrent_ingests_of_one_input_add_each_record_once(spark, settings, tmp_path, writers):
     """Several ingests of the same input at once, in small batches (many commits to interleave),

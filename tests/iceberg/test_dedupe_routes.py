@@ -149,6 +149,7 @@ def frame(spark, rows, width):
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 @hsettings(
     max_examples=30,
     deadline=None,

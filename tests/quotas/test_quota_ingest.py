@@ -95,6 +95,7 @@ def test_unique_keys_fill_a_partition_then_a_higher_tier_takes_the_rest_exactly_
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_updates_to_few_keys_recover_through_compaction_under_backpressure(spark, settings, tmp_path):
     lines = [line(0, i, i % 2) for i in range(30)]
     path = write_lines(tmp_path / "in.jsonl", lines)
