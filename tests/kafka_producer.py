@@ -16,6 +16,16 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 
+def change(table: str, i: int, rng: random.Random) -> tuple[str, str, int, bool]:
+    """Event `i` of the stream: its record key, value and partition, and whether a tombstone
+    follows it (after a delete), as a Debezium PostgreSQL connector with 20 keys makes them."""
+    key = rng.randrange(20)
+    op = rng.choice(["c", "u", "u", "d"])
+    after = None if op == "d" else {"id": key, "i": i}
+    source = {"connector": "postgresql", "table": table, "lsn": 1000 + i}
+    return json.dumps({"id": key}), json.dumps({"op": op, "after": after, "source": source}), key % 2, op == "d"
+
+
 def main(bootstrap: str, topic: str, n: int, out: str, go_file: str | None = None) -> None:
     rng = random.Random(7)
     p = Producer(
@@ -51,18 +61,10 @@ def main(bootstrap: str, topic: str, n: int, out: str, go_file: str | None = Non
             deadline = time.monotonic() + 300
             while not Path(go_file).exists() and time.monotonic() < deadline:
                 time.sleep(0.2)
-        key = rng.randrange(20)
-        op = rng.choice(["c", "u", "u", "d"])
-        value = json.dumps(
-            {
-                "op": op,
-                "after": None if op == "d" else {"id": key, "i": i},
-                "source": {"connector": "postgresql", "table": table, "lsn": 1000 + i},
-            }
-        )
-        p.produce(topic, key=json.dumps({"id": key}), value=value, partition=key % 2, on_delivery=on_delivery)
-        if op == "d":
-            p.produce(topic, key=json.dumps({"id": key}), value=None, partition=key % 2, on_delivery=on_delivery)
+        key, value, partition, tombstone = change(table, i, rng)
+        p.produce(topic, key=key, value=value, partition=partition, on_delivery=on_delivery)
+        if tombstone:
+            p.produce(topic, key=key, value=None, partition=partition, on_delivery=on_delivery)
         p.poll(0)
         time.sleep(0.01)
     if p.flush(120) != 0:

@@ -19,7 +19,6 @@ are killed; e.g. 40 for a long run."""
 from __future__ import annotations
 
 import functools
-import json
 import os
 import random
 import re
@@ -35,6 +34,7 @@ import pytest
 from connector.app import run_compaction, run_ingest
 from iceberg.catalog import load_catalog
 from tests.connector.test_kafka_source import kafka_settings, new_topic
+from tests.kafka_producer import change
 from tests.test_kafka_end_to_end import assert_tables_match_the_model_of, connector_env, log_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
@@ -82,8 +82,8 @@ def _run(s, topic: str, log: Path) -> subprocess.Popen:
 
 
 def _produce(bootstrap: str, topic: str, rng: random.Random, first: int, n: int) -> list[tuple[int, int]]:
-    """Events `first` to `first + n - 1` of the stream, made as tests/kafka_producer.py makes
-    them (a tombstone after each delete); returns where each landed: (partition, offset)."""
+    """Events `first` to `first + n - 1` of the stream (`kafka_producer.change`, a tombstone
+    after each delete), produced here; returns where each landed: (partition, offset)."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
@@ -98,18 +98,10 @@ def _produce(bootstrap: str, topic: str, rng: random.Random, first: int, n: int)
 
     table = topic.rsplit(".", 1)[1]
     for i in range(first, first + n):
-        key = rng.randrange(20)
-        op = rng.choice(["c", "u", "u", "d"])
-        value = json.dumps(
-            {
-                "op": op,
-                "after": None if op == "d" else {"id": key, "i": i},
-                "source": {"connector": "postgresql", "table": table, "lsn": 1000 + i},
-            }
-        )
-        p.produce(topic, key=json.dumps({"id": key}), value=value, partition=key % 2, on_delivery=on_delivery)
-        if op == "d":
-            p.produce(topic, key=json.dumps({"id": key}), value=None, partition=key % 2, on_delivery=on_delivery)
+        key, value, partition, tombstone = change(table, i, rng)
+        p.produce(topic, key=key, value=value, partition=partition, on_delivery=on_delivery)
+        if tombstone:
+            p.produce(topic, key=key, value=None, partition=partition, on_delivery=on_delivery)
         p.poll(0)
     assert p.flush(60) == 0 and not failed, f"every event delivered: {failed}"
     return delivered
