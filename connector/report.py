@@ -29,7 +29,7 @@ class QueryError(ConnectorError):
     """A query Spark refused (syntax, unknown table or column)."""
 
 
-class WrappingTable(Table):
+class CellTable(Table):
     """A table that keeps its cells as text, so that `show` can print each row as `column:
     value` lines where the table would not fit the console without wrapping a cell."""
 
@@ -48,7 +48,7 @@ def show(table: Table) -> None:
     value` lines (a narrow terminal, a log)."""
     title, table.title = str(table.title or ""), None
     console.print(Text(title, style="bold"), soft_wrap=True)
-    rows = table.cells if isinstance(table, WrappingTable) else []
+    rows = table.cells if isinstance(table, CellTable) else []
     for i, column in enumerate(table.columns):  # figures right-aligned, text left
         column.justify = "right" if rows and all(NUMBER.fullmatch(row[i]) for row in rows) else "left"
     if Measurement.get(console, console.options.update(max_width=1 << 16), table).maximum <= console.width:
@@ -61,7 +61,7 @@ def show(table: Table) -> None:
 
 
 def table_of(*columns: str, title: str) -> Table:
-    table = WrappingTable(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    table = CellTable(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     for c in columns:
         table.add_column(c, overflow="fold")
     return table
