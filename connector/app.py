@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 from pyiceberg.catalog import Catalog
 
 from connector.core.config import Settings
+from connector.core.errors import ConnectorError
 from connector.core.source_config import FileSourceConfig
 from connector.debezium import decoder_for
 from connector.pipeline import IngestJob, IngestStats
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from iceberg.compaction.report import CompactionReport
+
+log = logging.getLogger(__name__)
 
 
 def policy_of(settings: Settings) -> CompactionPolicy:
@@ -137,6 +142,23 @@ def compaction_enabled(settings: Settings, table: str) -> bool:
     return settings.table(table).compaction
 
 
+def table_policy(settings: Settings, table: str) -> CompactionPolicy:
+    """The compaction policy of `table`: the settings', with the table's own log retention."""
+    policy, cfg = policy_of(settings), settings.table(table)
+    if cfg.log_retention_hours:
+        policy = dataclasses.replace(policy, log_retention=timedelta(hours=cfg.log_retention_hours))
+    return policy
+
+
+class RoundsFailed(ConnectorError):
+    """Some tables' rounds failed; the others' are committed (`reports`). `failures`: per
+    failed table, what it raised."""
+
+    def __init__(self, reports: list[CompactionReport], failures: list[tuple[str, BaseException]]):
+        super().__init__("; ".join(f"table {t}: {type(e).__name__}: {e}" for t, e in failures))
+        self.reports, self.failures = reports, failures
+
+
 def run_compaction(
     settings: Settings,
     tables: list[str] | None = None,
@@ -145,23 +167,46 @@ def run_compaction(
     on_table: Callable[[str], None] | None = None,
     wait: float = 0.0,
 ) -> list[CompactionReport]:
-    from iceberg.compaction.job import compact
-    from iceberg.spark import get_spark
+    """One pass over the tables (all, or those named): a table whose commits say it has
+    nothing due costs its metadata only; the rounds of the others run
+    `compaction.parallel_tables` at a time, each in a Spark session of its own (its own views
+    and snapshot properties) in a fair-scheduler pool of its own. A table whose round fails
+    does not stop the others: `RoundsFailed` after the pass names it, with the others' reports."""
+    from iceberg.compaction.job import compact, quiet
+    from iceberg.compaction.report import CompactionReport
 
     catalog = load_catalog(settings)
-    spark = get_spark(settings)
-    reports = []
-    for names in table_names(settings, catalog, tables):
-        if not compaction_enabled(settings, names.table):
-            continue
+    now = now or datetime.now(UTC)
+    todo = [n for n in table_names(settings, catalog, tables) if compaction_enabled(settings, n.table)]
+    for names in todo:
         validate(settings, names.table)
-        if on_table:
-            on_table(names.state)
-        policy, cfg = policy_of(settings), settings.table(names.table)
-        if cfg.log_retention_hours:
-            policy = dataclasses.replace(policy, log_retention=timedelta(hours=cfg.log_retention_hours))
-        reports.append(compact(spark, catalog, names, policy, now or datetime.now(UTC), force, wait))
-    return reports
+    policies = {n.table: table_policy(settings, n.table) for n in todo}
+    reports = {n.table: CompactionReport(n.table, ran=False) for n in todo}
+    due = [n for n in todo if not quiet(catalog, n, policies[n.table], now)]
+    failures: list[tuple[str, BaseException]] = []
+    if due:
+        from iceberg.spark import get_spark, round_session
+
+        spark = get_spark(settings)
+        workers = min(settings.compaction.parallel_tables, len(due))
+
+        def one(names: TableNames) -> CompactionReport:
+            if on_table:
+                on_table(names.state)
+            with round_session(spark, workers > 1) as session:
+                return compact(session, catalog, names, policies[names.table], now, force, wait)
+
+        with ThreadPoolExecutor(workers, thread_name_prefix="cdclake-round") as pool:
+            for names, future in [(n, pool.submit(one, n)) for n in due]:
+                try:
+                    reports[names.table] = future.result()
+                except Exception as e:  # noqa: BLE001 - reported with its table after the pass
+                    log.info("compaction of %s failed: %s: %s", names.state, type(e).__name__, e)
+                    failures.append((names.state, e))
+                    del reports[names.table]
+    if failures:
+        raise RoundsFailed(list(reports.values()), failures)
+    return list(reports.values())
 
 
 @dataclass(frozen=True)

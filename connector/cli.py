@@ -74,6 +74,8 @@ def _guard(fn: Callable[[], T]) -> T:
     except ConnectorError as e:
         console.print("[red]error:[/red]", Text(str(e)), soft_wrap=True)
         raise typer.Exit(1) from None
+    except typer.Exit:
+        raise  # said already
     except Exception as e:
         line = failures.describe(e)
         if line is None:
@@ -128,12 +130,22 @@ def _do_ingest(
 def _do_compact(
     settings: Settings, tables: list[str] | None, force: bool, now: datetime | None = None, wait: float = 0.0
 ) -> list[CompactionReport]:
-    from connector.app import run_compaction
+    from connector.app import RoundsFailed, run_compaction
 
-    with console.status("starting Spark") as st:
-        reports = run_compaction(
-            settings, tables, force, now, on_table=lambda t: st.update(f"compacting {t}"), wait=wait
-        )
+    try:
+        with console.status("starting Spark") as st:
+            reports = run_compaction(
+                settings, tables, force, now, on_table=lambda t: st.update(f"compacting {t}"), wait=wait
+            )
+    except RoundsFailed as e:  # the other tables' rounds are committed: their figures, then a line per failure
+        print_compaction(e.reports)
+        for table, error in e.failures:
+            line = str(error) if isinstance(error, ConnectorError) else failures.describe(error)
+            if line is None:
+                raise error from None  # a bug: its trace
+            line = line if table in line else f"table {table}: {line}"
+            console.print("[red]error:[/red]", Text(line), soft_wrap=True)
+        raise typer.Exit(1) from None
     print_compaction(reports)
     return reports
 

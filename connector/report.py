@@ -215,20 +215,25 @@ def print_ingest(stats: Any) -> None:
 
 
 def print_compaction(reports: list[Any]) -> None:
-    """One row per table, then a line for each table's stale events, truncates, dead letters,
-    purged tombstones and maintenance, where it has any."""
+    """One row per table whose round ran, then a line for each table's stale events,
+    truncates, dead letters, purged tombstones and maintenance, where it has any, and how many
+    tables had nothing due."""
     table = table_of("table", "events", "keys", "upserts", "deletes", "stale", "seconds", title="compaction")
     notes = []
-    for r in reports:
+    ran = [r for r in reports if r.ran]
+    for r in ran:
         table.add_row(
             r.table,
             *[f"{n:,}" for n in (r.events, r.keys, r.upserts, r.deletes, r.stale)],
             f"{r.seconds:.1f}",
         )
         notes += [f"{r.table}: {note}" for note in compaction_notes(r)]
-    show(table)
+    if ran:
+        show(table)
     for line in notes:
         console.print(Text(line), soft_wrap=True)
+    if len(ran) < len(reports):
+        console.print(f"{len(reports) - len(ran):,} of {len(reports):,} tables: nothing due")
 
 
 def compaction_notes(r: Any) -> list[str]:

@@ -154,17 +154,45 @@ def maintain(
     return done
 
 
-def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, policy: MaintenancePolicy) -> list[str]:
-    done = []
-    name, marker = t.name, t.marker
-    table = catalog.load_table(name)
+def rewrite_pending(table: Table, t: Upkeep, policy: MaintenancePolicy) -> bool:
+    """Whether `table`'s files (the log's and dead letters' manifests) are due a rewrite."""
     if t.append_only:
         current = table.current_snapshot()
-        if current is not None and len(current.manifests(table.io)) > policy.rewrite_files:
+        return current is not None and len(current.manifests(table.io)) > policy.rewrite_files
+    return rewrite_due(shape_of(table), policy)
+
+
+def _snapshots(table: Table, t: Upkeep) -> list[tuple[int, bool]]:
+    return [(s.timestamp_ms, t.marker is not None and t.marker.held_by(s)) for s in table.snapshots()]
+
+
+def expiry_pending(table: Table, t: Upkeep, policy: MaintenancePolicy) -> int | None:
+    """The cut-off (ms) before which `table`'s snapshots are due to expire, or None."""
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)  # snapshots carry wall-clock times
+    return expire_before(_snapshots(table, t), now_ms, policy)
+
+
+def maintenance_due(catalog: Catalog, tables: list[Upkeep], policy: MaintenancePolicy) -> bool:
+    """Whether `maintain` would do anything, from the tables' metadata (no Spark)."""
+    if not policy.enabled:
+        return False
+    for t in tables:
+        table = catalog.load_table(t.name)
+        if rewrite_pending(table, t, policy) or expiry_pending(table, t, policy) is not None:
+            return True
+    return False
+
+
+def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, policy: MaintenancePolicy) -> list[str]:
+    done = []
+    name = t.name
+    table = catalog.load_table(name)
+    if t.append_only:
+        if rewrite_pending(table, t, policy):
             spark.sql(f"{call}rewrite_manifests(table => {sql_literal(name)})")
             done.append(f"rewrite manifests {name}")
             table = catalog.load_table(name)
-    elif rewrite_due(shape_of(table), policy):
+    elif rewrite_pending(table, t, policy):
         spark.sql(
             f"{call}rewrite_data_files(table => {sql_literal(name)}, options => map('min-input-files', '2', "
             f"'delete-ratio-threshold', '{DELETED_RATIO}'))"
@@ -174,9 +202,8 @@ def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, p
         )
         done.append(f"rewrite {name}")
         table = catalog.load_table(name)
-    snapshots = [(s.timestamp_ms, marker is not None and marker.held_by(s)) for s in table.snapshots()]
-    now_ms = int(datetime.now(UTC).timestamp() * 1000)  # snapshots carry wall-clock times
-    cutoff = expire_before(snapshots, now_ms, policy)
+    snapshots = _snapshots(table, t)
+    cutoff = expiry_pending(table, t, policy)
     if cutoff is not None:
         when = datetime.fromtimestamp(cutoff / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
         spark.sql(

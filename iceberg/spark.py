@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,6 +61,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(settings.spark.shuffle_partitions),
         "spark.driver.memory": settings.spark.driver_memory,
         "spark.ui.enabled": "false",
+        # concurrent compaction rounds share the cores fairly (a pool each: `round_session`)
+        "spark.scheduler.mode": "FAIR",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # Spark's default plus the options that carry Kafka and Event Hubs credentials, so
@@ -142,3 +147,37 @@ def _ship_code(spark: SparkSession, settings: Settings) -> None:
                 z.write(f, f.relative_to(root))
     sc.addPyFile(str(target))
     _SHIPPED.add(id(sc))
+
+
+_FREE_SESSIONS: list[SparkSession] = []
+_SESSIONS_LOCK = threading.Lock()
+
+
+@contextmanager
+def round_session(spark: SparkSession, own: bool) -> Iterator[SparkSession]:
+    """The session a compaction round runs in: with `own`, one no other running round uses
+    (its temp views and snapshot properties are its own; it takes the SQL settings of
+    `spark` set since), with its jobs in a fair-scheduler pool of the thread's name. Sessions
+    are kept for the next rounds (each holds its catalog's connections)."""
+    if not own:
+        yield spark
+        return
+    with _SESSIONS_LOCK:
+        mine = [x for x in _FREE_SESSIONS if x.sparkContext is spark.sparkContext]
+        session = mine[0] if mine else None
+        if session is not None:
+            _FREE_SESSIONS.remove(session)
+    if session is None:
+        session = spark.newSession()
+    held: dict[str, str] = dict(session.sql("SET").collect())
+    for k, v in spark.sql("SET").collect():
+        if held.get(k) != v:
+            session.conf.set(k, v)
+    sc = spark.sparkContext
+    sc.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
+    try:
+        yield session
+    finally:
+        sc.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
+        with _SESSIONS_LOCK:
+            _FREE_SESSIONS.append(session)

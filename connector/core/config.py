@@ -97,6 +97,13 @@ class CompactionConfig(Section):
         description="compact the tables a batch touched after every ingest batch / micro-batch "
         "(else compaction runs after ingest in `run`, or as its own `compact` job)",
     )
+    parallel_tables: int = Field(
+        4,
+        gt=0,
+        le=64,
+        description="rounds of this many tables run at once in the one Spark application, each in a "
+        "session of its own (a table with nothing due costs no round: its commits' metadata says so)",
+    )
 
 
 class MaintenanceConfig(Section):

@@ -43,6 +43,7 @@ class CompactionReport:
     trimmed: int = 0  # log rows past the log retention removed
     maintenance: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    ran: bool = True  # False: nothing was due (said by the table's metadata), no round ran
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)

@@ -16,7 +16,7 @@ from datetime import datetime
 from functools import reduce
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import LessThan
+from pyiceberg.expressions import BooleanExpression, LessThan
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -34,13 +34,36 @@ def _rows(catalog: Catalog, name: str) -> int:
     return int(summary.additional_properties.get("total-records", 0)) if summary is not None else 0
 
 
+def _older(cutoff: datetime) -> BooleanExpression:
+    return LessThan("enqueued_time", cutoff.isoformat())  # type: ignore[call-arg,misc]
+
+
+def log_due(catalog: Catalog, names: TableNames, points: dict[str, int], cutoff: datetime) -> bool:
+    """The trigger of the log's trim: the files that may hold rows older than `cutoff` (by
+    their bounds in the manifests) hold more rows than the state and tombstones."""
+    scan = catalog.load_table(names.log).scan(row_filter=_older(cutoff))
+    may = sum(t.file.record_count for t in scan.plan_files())
+    return bool(points) and may > sum(_rows(catalog, t) for t in (names.state, names.tombstones))
+
+
+def dead_letters_due(catalog: Catalog, names: TableNames, cutoff: datetime) -> bool:
+    """Whether a dead-letter file may hold a row older than `cutoff`."""
+    return catalog.table_exists(names.dead_letters) and any(
+        True for _ in catalog.load_table(names.dead_letters).scan(row_filter=_older(cutoff)).plan_files()
+    )
+
+
+def due(catalog: Catalog, names: TableNames, cutoff: datetime) -> bool:
+    """Whether `trim` at `cutoff` would do anything (metadata only)."""
+    points = cleaner_points(load_optional(catalog, names.state))
+    return log_due(catalog, names, points, cutoff) or dead_letters_due(catalog, names, cutoff)
+
+
 def trim(spark: SparkSession, catalog: Catalog, names: TableNames, cutoff: datetime) -> int:
     """Applies the module's rule at `cutoff`; returns how many log rows went."""
-    old = LessThan("enqueued_time", cutoff.isoformat())  # type: ignore[call-arg,misc]
     points = cleaner_points(load_optional(catalog, names.state))
-    may = sum(t.file.record_count for t in catalog.load_table(names.log).scan(row_filter=old).plan_files())
     trimmed = 0
-    if points and may > sum(_rows(catalog, t) for t in (names.state, names.tombstones)):
+    if log_due(catalog, names, points, cutoff):
         keys = ["topic", "partition", "sequence_number"]
         stream = F.concat_ws(":", "topic", F.col("partition").cast("string"))
         point = F.create_map(*[x for s, p in sorted(points.items()) for x in (F.lit(s), F.lit(p))])
@@ -72,9 +95,7 @@ def trim(spark: SparkSession, catalog: Catalog, names: TableNames, cutoff: datet
                 "AND t.partition = s.partition AND t.sequence_number = s.sequence_number WHEN MATCHED THEN DELETE",
                 TRIMMED_BEFORE.entry(cutoff),
             )
-    if catalog.table_exists(names.dead_letters) and any(
-        True for _ in catalog.load_table(names.dead_letters).scan(row_filter=old).plan_files()
-    ):
+    if dead_letters_due(catalog, names, cutoff):
         spark.sql(
             f"DELETE FROM {names.spark(names.dead_letters)} WHERE enqueued_time < TIMESTAMP "
             f"'{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}'"

@@ -366,6 +366,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         action="store_true",
         help="also ingest the same events from a local Kafka broker (infra/kafka_broker.py)",
     )
+    ap.add_argument(
+        "--tables",
+        type=int,
+        help="instead of the grid: this many tables x --table-events events against one table of as many "
+        "events, ingest and compaction in one run, and a pass over the tables with nothing due",
+    )
+    ap.add_argument("--table-events", type=int, default=2_000, help="with --tables: events per table")
+    ap.add_argument("--table-keys", type=int, default=500, help="with --tables: keys per table")
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--lake", type=Path, help="work dir of the catalog (default <out>/lake)")
     args = ap.parse_args(argv)
@@ -385,6 +393,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for n in (1_000_000, 5_000_000, 10_000_000)
             if n < 10_000_000 or args.big
         ]
+    if args.tables:
+        return [_tables(root, args)]
     holder: dict = {}
     figs: list[dict] = []
     try:
@@ -411,6 +421,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
         console.print(f"chart: {root / 'scaling.png'}")
     console.print(f"figures: {root / 'results.json'}")
     return figs
+
+
+def _tables(root: Path, args) -> dict:
+    from tests.bench import tables
+
+    if not args.no_warmup:
+        console.rule("warm-up: 2 tables x 1,000 events (not reported)")
+        tables.run(root, argparse.Namespace(**{**vars(args), "tables": 2, "table_events": 1000, "repeat": 1}), console)
+    console.rule(f"{args.tables} tables x {args.table_events:,} events against one table")
+    fig = tables.run(root, args, console)
+    (root / f"tables{args.tables}.json").write_text(json.dumps(fig, indent=1))
+    tables.report(fig, console)
+    return fig
 
 
 if __name__ == "__main__":

@@ -13,8 +13,17 @@ TOPIC = "bench.public.items"
 
 
 def generate(
-    path: Path, events: int, keys: int, partitions: int = 4, width: int = 100, seed: int = 1, lsn0: int = 1000
+    path: Path,
+    events: int,
+    keys: int,
+    partitions: int = 4,
+    width: int = 100,
+    seed: int = 1,
+    lsn0: int = 1000,
+    table: str = "items",
+    mode: str = "w",
 ) -> int:
+    """The stream into `path` (`mode` "a": after what it holds), topic `bench.public.<table>`."""
     # enqueued one millisecond apart, the last an hour ago: inside the log retention, as a live
     # stream is (a replay of an old dump would be trimmed at its first compaction)
     ts0 = int(time.time() * 1000) - 3_600_000 - events
@@ -23,7 +32,7 @@ def generate(
     offsets = [0] * partitions
     pad = "x" * width
     written = 0
-    with path.open("w") as f:
+    with path.open(mode) as f:
         lsn = lsn0
         while written < events:
             k = rng.randrange(keys)
@@ -42,7 +51,7 @@ def generate(
                     "before": None,
                     "after": after,
                     "ts_ms": 1_700_000_000_000,
-                    "source": {"connector": "postgresql", "table": "items", "lsn": lsn},
+                    "source": {"connector": "postgresql", "table": table, "lsn": lsn},
                 },
                 separators=(",", ":"),
             )
@@ -51,7 +60,7 @@ def generate(
                 f.write(
                     json.dumps(
                         {
-                            "topic": TOPIC,
+                            "topic": f"bench.public.{table}",
                             "partition": p,
                             "offset": offsets[p],
                             "ts": ts0 + written,

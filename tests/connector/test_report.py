@@ -42,13 +42,15 @@ def test_the_compaction_report_is_one_table_that_fits_80_columns(monkeypatch):
     busy = CompactionReport("customers_with_a_long_name", events=1_234_567, keys=45_678, upserts=40_000, deletes=5_678)
     busy.stale, busy.stale_reasons, busy.seconds = 3, {"older_than_state": 2, "snapshot_after_stream": 1}, 12.34
     busy.maintenance = ["rewrite state: 12 files -> 1"]
-    lines = printed(monkeypatch, 80, report.print_compaction, [busy, CompactionReport("orders")])
+    quiet = CompactionReport("quiet", ran=False)
+    lines = printed(monkeypatch, 80, report.print_compaction, [busy, CompactionReport("orders"), quiet])
     assert max(len(line) for line in lines) <= 80
     row = next(line for line in lines if line.startswith("customers_with_a_long_name"))
     assert row.split() == ["customers_with_a_long_name", "1,234,567", "45,678", "40,000", "5,678", "3", "12.3"]
     assert next(line for line in lines if line.startswith("orders")).split()[1:] == ["0"] * 5 + ["0.0"]
     assert "customers_with_a_long_name: stale: 2 older_than_state, 1 snapshot_after_stream" in lines
     assert "customers_with_a_long_name: maintenance: rewrite state: 12 files -> 1" in lines
+    assert lines[-1] == "1 of 3 tables: nothing due" and not [line for line in lines if line.startswith("quiet")]
 
 
 def test_a_table_too_wide_for_the_console_prints_its_rows_as_lines(monkeypatch):

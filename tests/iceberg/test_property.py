@@ -14,10 +14,12 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from connector.app import run_compaction
 from iceberg.catalog import load_catalog
 from iceberg.compaction.stats import load_optional
 from iceberg.maintenance import MaintenancePolicy
 from tests.iceberg.helpers import (
+    NOW,
     assert_recorded_bytes_are_held,
     compact_table,
     decoded,
@@ -42,7 +44,7 @@ event = st.tuples(
 )
 
 
-def to_lines(stream, ordering: str) -> list[str]:
+def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     """kcat lines. A truncate's position is above every one before it and below every one
     after it (no event arrives after a truncate it is older than: which round such an event
     lands in changes what it can still delete, see docs/semantics.md). `junk`: a create
@@ -56,7 +58,7 @@ def to_lines(stream, ordering: str) -> list[str]:
     for key, op, lsn, tombstone in stream:
         if op == "again":
             key, op, lsn, tombstone = last.get(key, (key, "u", lsn, tombstone))
-        elif op != "t":
+        elif op not in ("t", "junk"):  # a dead letter is not delivered again
             last[key] = (key, op, lsn, tombstone)
         if op == "t" and ordering == "source":
             last.clear()
@@ -66,7 +68,7 @@ def to_lines(stream, ordering: str) -> list[str]:
         position = base if op == "t" else base + lsn
         source = {
             "connector": "postgresql",
-            "table": "things",
+            "table": table,
             "lsn": position,
             "snapshot": "true" if op == "r" else "false",
         }
@@ -88,7 +90,7 @@ def to_lines(stream, ordering: str) -> list[str]:
             lines.append(
                 json.dumps(
                     {
-                        "topic": "db.s.things",
+                        "topic": f"db.s.{table}",
                         "partition": part,
                         "offset": offsets[part],
                         "ts": 1_700_000_000_000 + len(lines),
@@ -211,26 +213,73 @@ def test_random_stream_in_random_batches_matches_the_model(spark, settings, stre
         assert_recorded_bytes_are_held(s, "things")
     events = decoded(path, s)
     assert sum(1 for e in events if getattr(e, "reason", None) == "key") == sum(1 for x in stream if x[1] == "junk")
-    state, tombs = expected_tables(events, ordering)
-    assert offsets_by_key(s, names(s, "things").state) == state
-    assert offsets_by_key(s, names(s, "things").tombstones) == tombs
+    assert stale == assert_matches_model(s, "things", events, bounds, ordering)
+
+
+def assert_matches_model(s, table: str, events: list, bounds: list[int], ordering: str) -> int:
+    """`table`'s state, tombstones, stored positions and stale events are the model's for the
+    decoded `events` (of every table) ingested up to each of `bounds` and compacted after
+    each; returns how many stale events the model finds."""
+    events = [e if getattr(e, "table", table) == table else None for e in events]
+    mine = [e for e in events if e is not None]
+    state, tombs = expected_tables(mine, ordering)
+    assert offsets_by_key(s, names(s, table).state) == state
+    assert offsets_by_key(s, names(s, table).tombstones) == tombs
     # the stored source positions too: a later round compares new events with them
-    catalog, t = load_catalog(s), names(s, "things")
+    catalog, t = load_catalog(s), names(s, table)
     stored = {
         r["_key"]: (None if r["_source_position"] is None else tuple(r["_source_position"]))
         for name in (t.state, t.tombstones)
         if catalog.table_exists(name)
         for r in catalog.load_table(name).scan(selected_fields=("_key", "_source_position")).to_arrow().to_pylist()
     }
-    assert stored == {k: position for k, (_, _, position) in survivors(events, ordering).items()}
+    assert stored == {k: position for k, (_, _, position) in survivors(mine, ordering).items()}
     # every stale event, with its reason, for the rounds as they were split
-    rounds = [events[a:b] for a, b in zip([0] + bounds, bounds)]
+    rounds = [[e for e in events[a:b] if e is not None] for a, b in zip([0] + bounds, bounds)]
     want = stale_events(rounds, ordering)
-    stale_table = load_optional(load_catalog(s), names(s, "things").stale)
+    stale_table = load_optional(catalog, t.stale)
     got = (
         []
         if stale_table is None
         else stale_table.scan(selected_fields=("_partition_id", "_sequence_number", "reason")).to_arrow().to_pylist()
     )
     assert sorted((r["_partition_id"], r["_sequence_number"], r["reason"]) for r in got) == want
-    assert stale == len(want)
+    return len(want)
+
+
+@hsettings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    streams=st.lists(st.lists(event, min_size=1, max_size=12), min_size=2, max_size=4),
+    cuts=st.lists(st.integers(1, 50), max_size=3),
+    ordering=st.sampled_from(["source", "log"]),
+)
+def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams, cuts, ordering):
+    """Several tables' streams, one after another in one source, ingested in random splits;
+    after each ingest one pass compacts every table, rounds running at once: each table ends
+    with the model's tables for its own events."""
+    tables = [f"things{i}" for i in range(len(streams))]
+    lines = [line for table, stream in zip(tables, streams) for line in to_lines(stream, ordering, table)]
+    path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
+    ns = f"{settings.catalog.namespace}_m{next(_ns)}"
+    s = with_source(
+        settings.model_copy(update={"catalog": settings.catalog.model_copy(update={"namespace": ns})}), path
+    )
+    s = s.model_copy(
+        update={"compaction": s.compaction.model_copy(update={"ordering": ordering, "parallel_tables": len(tables)})}
+    )
+    bounds = sorted({c for c in cuts if c < len(lines)}) + [len(lines)]
+    done = 0
+    for b in bounds:
+        run_ingest(s, max_records=b - done)
+        done = b
+        run_compaction(s, force=True, now=NOW)
+    events = decoded(path, s)
+    for table in tables:
+        if load_catalog(s).table_exists(names(s, table).log):
+            assert_matches_model(s, table, events, bounds, ordering)
+            assert_recorded_bytes_are_held(s, table)

@@ -69,6 +69,7 @@ CASES: list[tuple[sk.SummaryKey[Any], Any, str]] = [
         '{"older_than_state":1,"older_than_truncate":2}',
     ),
     (sk.TRIMMED_BEFORE, datetime(2030, 1, 1, 4, 30, tzinfo=UTC), "2030-01-01T04:30:00+00:00"),
+    (sk.LOG_SEEN, 6004071938446419107, "6004071938446419107"),
     (
         sk.TRIMMED_BEFORE,
         datetime(2030, 1, 1, 4, 30, 0, 12, tzinfo=timezone(timedelta(hours=2))),

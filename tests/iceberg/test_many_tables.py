@@ -1,0 +1,88 @@
+"""A pass over many tables: a quiet table costs no round (its commits' metadata says so), and a
+table whose round fails stops neither the others nor itself on the next pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from connector.app import RoundsFailed, run_compaction, table_policy
+from iceberg import leases
+from iceberg.catalog import load_catalog
+from iceberg.compaction.job import quiet
+from iceberg.maintenance import MaintenancePolicy
+from tests.iceberg.helpers import NOW, decoded, names, run_ingest, with_source, write_lines
+from tests.iceberg.test_property import assert_matches_model, to_lines
+
+pytestmark = pytest.mark.spark
+
+# (key, op, lsn, tombstone) as the property test's streams
+STREAM = [(0, "c", 1, False), (1, "c", 2, False), (1, "d", 3, True), (0, "u", 4, False), (2, "c", 5, False)]
+
+
+def _lake(settings, tables: list[str], tag: str, stream=STREAM):
+    lines = [line for t in tables for line in to_lines(stream, "source", t)]
+    path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
+    catalog = settings.catalog.model_copy(update={"namespace": f"{settings.catalog.namespace}_{tag}"})
+    s = with_source(settings.model_copy(update={"catalog": catalog}), path)
+    return s.model_copy(update={"compaction": s.compaction.model_copy(update={"parallel_tables": 3})}), path
+
+
+def test_a_table_quiet_by_its_metadata_costs_no_round(spark, settings):
+    s, path = _lake(settings, ["q0", "q1"], "quiet")
+    run_ingest(s)
+    catalog = load_catalog(s)
+    assert not any(quiet(catalog, names(s, t), table_policy(s, t), NOW) for t in ("q0", "q1"))  # never compacted
+    assert [r.ran for r in run_compaction(s, force=True, now=NOW)] == [True, True]
+    assert all(quiet(catalog, names(s, t), table_policy(s, t), NOW) for t in ("q0", "q1"))
+    # the tombstone of key 1 expires a day after the round: then q0 is not quiet (its purge is due)
+    later = NOW + timedelta(days=2)
+    assert not quiet(catalog, names(s, "q0"), table_policy(s, "q0"), later)
+    # snapshots due to expire
+    eager = dataclasses.replace(
+        table_policy(s, "q0"),
+        maintenance=MaintenancePolicy(snapshot_retention=timedelta(0), rewrite_files=16, expire_batch=1),
+    )
+    assert not quiet(catalog, names(s, "q0"), eager, NOW)
+
+    # a new event of q1: q1 has a round, q0 none; positions alone (ingest records them on every
+    # table) do not wake q0
+    more = to_lines([*STREAM, (3, "c", 9, False)], "source", "q1")[-1:]
+    write_lines(path, [*path.read_text().splitlines(), *more])
+    run_ingest(s)
+    assert not quiet(catalog, names(s, "q1"), table_policy(s, "q1"), NOW)
+    assert quiet(catalog, names(s, "q0"), table_policy(s, "q0"), NOW)
+    assert {r.table: r.ran for r in run_compaction(s, force=True, now=NOW)} == {"q0": False, "q1": True}
+    events = decoded(path, s)
+    for t in ("q0", "q1"):
+        assert_matches_model(s, t, events, [len(events)], "source")
+
+
+def test_a_table_whose_round_fails_stops_neither_the_others_nor_its_next_round(spark, settings):
+    tables = ["f0", "f1", "f2"]
+    s, path = _lake(settings, tables, "fail")
+    run_ingest(s)
+    catalog = load_catalog(s)
+    held = leases.acquire(catalog, names(s, "f1").state, "compaction")  # another round holds f1's table
+    try:
+        with pytest.raises(RoundsFailed) as failed:
+            run_compaction(s, force=True, now=NOW)
+    finally:
+        held.release()
+    assert [t for t, _ in failed.value.failures] == [names(s, "f1").state]
+    assert isinstance(failed.value.failures[0][1], leases.LeaseHeldError)
+    assert sorted(r.table for r in failed.value.reports) == ["f0", "f2"]
+    events = decoded(path, s)
+    bounds = [len(events)]
+    for t in ("f0", "f2"):
+        assert_matches_model(s, t, events, bounds, "source")
+    assert not catalog.table_exists(names(s, "f1").state)  # nothing of f1's round was written
+
+    reports = run_compaction(s, force=True, now=NOW)
+    assert {r.table: r.ran for r in reports} == {"f0": False, "f1": True, "f2": False}
+    for t in tables:
+        assert_matches_model(s, t, events, bounds, "source")
