@@ -204,6 +204,13 @@ def run_compaction(
                     log.info("compaction of %s failed: %s: %s", names.state, type(e).__name__, e)
                     failures.append((names.state, e))
                     del reports[names.table]
+    log.info(
+        "compaction pass over %d tables: %d rounds, %d failed, %d with nothing due",
+        len(todo),
+        len(due),
+        len(failures),
+        len(todo) - len(due),
+    )
     if failures:
         raise RoundsFailed(list(reports.values()), failures)
     return list(reports.values())
@@ -223,6 +230,9 @@ class StreamStatus:
     tier: str
     quota_bytes: int | None
     log_from: int | None = None  # the oldest sequence number the log holds (log retention trims it)
+    first_dirty_time: datetime | None = None  # the enqueued time of its oldest uncompacted event
+    due: bool = False  # the planner would compact it now (`policy.plan`, not forced)
+    compaction: bool = True  # False: a log-only table, never compacted (so never due, never lagging)
 
     @property
     def usage_bytes(self) -> int:
@@ -239,16 +249,34 @@ def _count_by_stream(table: Table | None) -> dict[str, int]:
     return {f"{t}:{p}": n for t, p, n in zip(*(g.column(i).to_pylist() for i in range(3)))}
 
 
-def status(settings: Settings, now: datetime | None = None) -> list[StreamStatus]:
+def matching(tables: list[str], globs: list[str] | None) -> list[str]:
+    """The tables whose name matches one of the `fnmatch` globs (case-sensitive), in their
+    order; all of them without a glob."""
+    from fnmatch import fnmatchcase
+
+    return [t for t in tables if not globs or any(fnmatchcase(t, g) for g in globs)]
+
+
+def status(settings: Settings, now: datetime | None = None, globs: list[str] | None = None) -> list[StreamStatus]:
+    """Per stream of each source table (those matching one of `globs`, see `matching`): its
+    figures at `now`, whether the planner would compact it now, and its oldest dirty event.
+    Reads metadata and the tables with pyiceberg (no Spark)."""
+    from iceberg.compaction.policy import plan
+
     catalog = load_catalog(settings)
-    policy, now = policy_of(settings), now or datetime.now(UTC)
+    now = now or datetime.now(UTC)
+    every = table_names(settings, catalog)
+    chosen = set(matching([n.table for n in every], globs))
     out = []
-    for names in table_names(settings, catalog):
-        quota = table_quota(settings, names.table)
+    for names in [n for n in every if n.table in chosen]:
+        quota, policy = table_quota(settings, names.table), table_policy(settings, names.table)
+        compacted = compaction_enabled(settings, names.table)
         live = _count_by_stream(load_optional(catalog, names.state))
         dead = _count_by_stream(load_optional(catalog, names.tombstones))
         start = log_start(catalog.load_table(names.log))
-        for s in stream_stats(catalog, names, policy, now):
+        stats = stream_stats(catalog, names, policy, now)
+        due = {r.stream for r in plan(stats, policy, now)} if compacted else set()
+        for s in stats:
             if s.dirty_events == 0 and s.stream not in live and s.stream not in dead and s.cleaner_point == 0:
                 continue  # a stream that feeds other tables
             total = s.clean_bytes + s.dirty_bytes
@@ -266,6 +294,9 @@ def status(settings: Settings, now: datetime | None = None) -> list[StreamStatus
                     quota.name,
                     quota.compacted_bytes_per_partition,
                     start.get(s.stream),
+                    s.first_dirty_time,
+                    s.stream in due,
+                    compacted,
                 )
             )
     return out

@@ -226,28 +226,46 @@ def run(
 JsonOpt = typer.Option(False, "--json", help="print JSON for scripts instead of a table")
 
 
+StreamsOpt = typer.Option(False, "--streams", help="a line per stream (partition) instead of per table")
+GlobOpt = typer.Option(
+    None, "--table", "-t", help="only the source tables matching this glob, e.g. 'inventory_*' (repeat for more)"
+)
+
+
 @app.command()
 def status(
     config: Path | None = ConfigOpt,
     as_json: bool = JsonOpt,
-    streams: bool = typer.Option(False, "--streams", help="a line per stream (partition) instead of per table"),
+    streams: bool = StreamsOpt,
+    table: list[str] | None = GlobOpt,
 ) -> None:
-    """Per table: partitions, dirty events, live rows, tombstones and the fullest partition's
-    usage of its quota; per stream with --streams (cleaner point, dirty ratio); no Spark needed.
+    """A line per table: its dirty events, and of its partitions the highest dirty ratio, the lag
+    (the age of the oldest dirty event, `-` when none) and the fullest one's usage of its quota;
+    per stream with --streams (log start, cleaner point, rows, tombstones). Then a summary:
+    `N tables, D due, L lagging`, where due is a table the planner would compact now and
+    lagging one whose oldest dirty event is as old as `compaction.max_compaction_lag_seconds`
+    or older (15 minutes where that is unset). No Spark needed.
 
-    Examples: `cdclake status -c lake.toml`, `cdclake status -c lake.toml --streams`,
-    `cdclake status -c lake.toml --json` (per stream, every figure)"""
+    Examples: `cdclake status -c lake.toml`, `cdclake status -c lake.toml --table 'inventory_*'`,
+    `cdclake status -c lake.toml --streams -t orders`, `cdclake status -c lake.toml --json`
+    (per stream, every figure)"""
     settings = _settings(config)
-    _guard(lambda: print_status(settings, as_json, streams))
+    _guard(lambda: print_status(settings, as_json, streams, table))
 
 
 @app.command()
-def quotas(config: Path | None = ConfigOpt, as_json: bool = JsonOpt) -> None:
-    """The Event Hubs tiers (and custom ones) and each table's usage per partition against its tier.
+def quotas(
+    config: Path | None = ConfigOpt,
+    as_json: bool = JsonOpt,
+    streams: bool = StreamsOpt,
+    table: list[str] | None = GlobOpt,
+) -> None:
+    """The Event Hubs tiers (and custom ones), then a line per table: its tier, partitions and its
+    fullest partition's usage against the tier; per partition with --streams.
 
-    Example: `cdclake quotas -c lake.toml`"""
+    Examples: `cdclake quotas -c lake.toml`, `cdclake quotas -c lake.toml --streams -t 'inventory_*'`"""
     settings = _settings(config)
-    _guard(lambda: print_quotas(settings, as_json))
+    _guard(lambda: print_quotas(settings, as_json, streams, table))
 
 
 infra = typer.Typer(help="Definitions of the services the connector reads from, made from its configuration.")

@@ -35,7 +35,7 @@ import orjson
 from pyiceberg.catalog import Catalog
 
 from connector.debezium import Decoder
-from connector.sinks import Sinks
+from connector.sinks import Sinks, at_once
 from connector.sources import Source
 from iceberg import compat
 from iceberg.layouts import DEAD_LETTERS_SUFFIX, LOG_SUFFIX
@@ -130,10 +130,12 @@ def _ingest(
         _one_pass(source, run, max_records, fail_fast=make_room is None)
         # Tables that received nothing lately still record how far the run got, so the next
         # run does not re-read from their older positions.
+        records: list[Callable[[], None]] = []
         for name, held in list(sinks.positions.items()):
             wanted = {**stats.positions, **_caps(gate, name)}
             if any(held.get(s, 0) < p for s, p in wanted.items()):
-                sinks.record(name, wanted)
+                records.append(functools.partial(sinks.record, name, wanted))
+        at_once(records)
         if gate is None or not gate.paused or make_room is None:
             return stats
         now_stuck = {k: r.first_refused for k, r in gate.paused.items()}
@@ -286,6 +288,8 @@ def _commit_staged(
         if sinks.positions[sink] != floors.get(sink, {}):  # the stage judged `fresh` by `floors`
             sinks.conflict(sink)
     refusals: list[Refusal] = []
+    commits: list[Callable[[], None]] = []
+    committed: list[tuple[str, str, dict[str, Mapping[str, Any]], dict[str, Any]]] = []
     for sink, streams in sorted(per_sink.items()):
         table = sink[: -len(LOG_SUFFIX)] if sink.endswith(LOG_SUFFIX) else sink[: -len(DEAD_LETTERS_SUFFIX)]
         stats.duplicates += sum(g["n"] - g["fresh_n"] for g in streams.values())
@@ -301,7 +305,12 @@ def _commit_staged(
         _discard(sinks, [g for s, g in streams.items() if s not in kept])
         positions = {**batch_positions, **caps}
         if kept:
-            sinks.append(sink, [b for g in kept.values() for b in g["files"]], positions)
+            commits.append(
+                functools.partial(sinks.append, sink, [b for g in kept.values() for b in g["files"]], positions)
+            )
+        committed.append((sink, table, kept, incoming))
+    at_once(commits)  # each table's commit is its own
+    for sink, table, kept, incoming in committed:
         n = sum(g["fresh_n"] for g in kept.values())
         if sink.endswith(LOG_SUFFIX):
             stats.accepted[table] += n

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -19,10 +20,11 @@ from connector.core.errors import ConnectorError
 from quotas.tiers import human_bytes
 
 if TYPE_CHECKING:
+    from connector.app import StreamStatus
     from connector.core.config import Settings
 
 console = Console()
-NUMBER = re.compile(r"-?[\d,]+(\.\d+)?( [KMGT]?B)?|-")
+NUMBER = re.compile(r"-?[\d,]+(\.\d+)?( [KMGT]?B)?|-|(\d+[dhm] )?\d+[hms]")  # 1,234  1.5 KB  4m 10s
 
 
 class QueryError(ConnectorError):
@@ -71,50 +73,133 @@ def print_json(rows: list[dict[str, Any]]) -> None:
     console.print_json(json.dumps(rows, default=str))
 
 
-def print_status(settings: Settings, as_json: bool = False, streams: bool = False) -> None:
-    """One line per table (its fullest partition's usage), or per stream with `streams`."""
+LAG_LIMIT_S = 15 * 60  # a table is lagging past this where compaction.max_compaction_lag_seconds is unset
+
+
+def lag_limit(settings: Settings) -> timedelta:
+    """How old a table's oldest dirty event may get before `status` counts it as lagging:
+    `compaction.max_compaction_lag_seconds`, else 15 minutes."""
+    return timedelta(seconds=settings.compaction.max_compaction_lag_seconds or LAG_LIMIT_S)
+
+
+def print_status(
+    settings: Settings,
+    as_json: bool = False,
+    streams: bool = False,
+    globs: list[str] | None = None,
+    now: datetime | None = None,
+) -> None:
+    """One line per table (`status_table`), or per stream with `streams`, of the tables matching
+    `globs` (all without), then the summary line; with `as_json`, every stream's figures, with
+    its lag in seconds at `now`."""
     from dataclasses import asdict
 
     from connector.app import status as get_status
 
-    rows = get_status(settings)
+    now = now or datetime.now(UTC)
+    rows = get_status(settings, now, globs)
     if as_json:
-        return print_json([asdict(s) | {"usage_bytes": s.usage_bytes} for s in rows])
-    if streams:
-        table = table_of(
-            *("stream", "from", "cleaned", "dirty", "ratio", "rows", "tombstones", "usage"),
-            title="status per stream (from: the log's first offset; cleaned: the cleaner point)",
+        return print_json(
+            [
+                asdict(s)
+                | {
+                    "usage_bytes": s.usage_bytes,
+                    "first_dirty_time": s.first_dirty_time.isoformat() if s.first_dirty_time else None,
+                    "lag_seconds": lag_seconds(s.first_dirty_time, now),
+                }
+                for s in rows
+            ]
         )
-        for s in rows:
-            table.add_row(
-                s.stream,
-                "-" if s.log_from is None else f"{s.log_from:,}",
-                f"{s.cleaner_point:,}",
-                f"{s.dirty_events:,}",
-                f"{s.dirty_ratio:.2f}",
-                f"{s.live_rows:,}",
-                f"{s.tombstones:,}",
-                usage_text(s.usage_bytes, s.quota_bytes),
-            )
-        return show(table)
-    table = table_of(
-        *("table", "parts", "dirty", "rows", "tombstones", "usage"),
-        title="status (parts: partitions; dirty: events to compact; usage: the fullest partition's)",
-    )
-    by_table: dict[str, list[Any]] = {}
+    show_status(rows, now, lag_limit(settings), streams)
+
+
+def show_status(rows: list[StreamStatus], now: datetime, limit: timedelta, streams: bool = False) -> None:
+    """The table of `rows` (per table, or per stream with `streams`), then the summary line."""
+    show(status_streams(rows, now) if streams else status_table(rows, now))
+    console.print(Text(status_summary(rows, now, limit)), soft_wrap=True)
+
+
+def by_table(rows: list[StreamStatus]) -> dict[str, list[StreamStatus]]:
+    """The rows grouped by table, tables in the order they first come."""
+    out: dict[str, list[StreamStatus]] = {}
     for s in rows:
-        by_table.setdefault(s.table, []).append(s)
-    for name, ss in by_table.items():
+        out.setdefault(s.table, []).append(s)
+    return out
+
+
+def lag_seconds(first_dirty: datetime | None, now: datetime) -> float | None:
+    """The age of an oldest dirty event at `now` (None: nothing dirty)."""
+    return None if first_dirty is None else max(0.0, (now - first_dirty).total_seconds())
+
+
+def oldest_dirty(streams: list[StreamStatus]) -> datetime | None:
+    return min((s.first_dirty_time for s in streams if s.first_dirty_time is not None), default=None)
+
+
+def lagging(streams: list[StreamStatus], now: datetime, limit: timedelta) -> bool:
+    """Whether a table's oldest dirty event is `limit` old or older (a log-only table never is)."""
+    first = oldest_dirty(streams)
+    return first is not None and all(s.compaction for s in streams) and now - first >= limit
+
+
+def age_text(seconds: float | None) -> str:
+    """An age in its two largest units: `42s`, `4m 10s`, `2h 5m`, `3d 4h`; `-` for None."""
+    if seconds is None:
+        return "-"
+    n = int(seconds)
+    for unit, size, small, small_size in (("d", 86_400, "h", 3_600), ("h", 3_600, "m", 60), ("m", 60, "s", 1)):
+        if n >= size:
+            return f"{n // size}{unit} {n % size // small_size}{small}"
+    return f"{n}s"
+
+
+def status_table(rows: list[StreamStatus], now: datetime) -> Table:
+    """A line per table: its dirty events, and of its partitions the highest dirty ratio, the
+    oldest dirty event's age and the fullest one's usage of the quota (rows, tombstones and
+    partitions: `status_streams`, `usage_table`)."""
+    table = table_of(
+        *("table", "dirty", "ratio", "lag", "usage"),
+        title="status per table (ratio, lag, usage: its worst partition's)",
+    )
+    for name, ss in by_table(rows).items():
         full = max(ss, key=lambda s: s.usage_bytes)
         table.add_row(
             name,
-            str(len(ss)),
             f"{sum(s.dirty_events for s in ss):,}",
-            f"{sum(s.live_rows for s in ss):,}",
-            f"{sum(s.tombstones for s in ss):,}",
+            f"{max(s.dirty_ratio for s in ss):.2f}",
+            age_text(lag_seconds(oldest_dirty(ss), now)) if all(s.compaction for s in ss) else "log only",
             usage_text(full.usage_bytes, full.quota_bytes),
         )
-    show(table)
+    return table
+
+
+def status_streams(rows: list[StreamStatus], now: datetime) -> Table:
+    table = table_of(
+        *("stream", "from", "cleaned", "dirty", "ratio", "lag", "rows", "tombstones", "usage"),
+        title="status per stream (from: the log's first offset; cleaned: the cleaner point)",
+    )
+    for s in rows:
+        table.add_row(
+            s.stream,
+            "-" if s.log_from is None else f"{s.log_from:,}",
+            f"{s.cleaner_point:,}",
+            f"{s.dirty_events:,}",
+            f"{s.dirty_ratio:.2f}",
+            age_text(lag_seconds(s.first_dirty_time, now)) if s.compaction else "log only",
+            f"{s.live_rows:,}",
+            f"{s.tombstones:,}",
+            usage_text(s.usage_bytes, s.quota_bytes),
+        )
+    return table
+
+
+def status_summary(rows: list[StreamStatus], now: datetime, limit: timedelta) -> str:
+    """`<n> tables, <d> due, <l> lagging`: due, a table the planner would compact now (one of
+    its partitions); lagging, one whose oldest dirty event is `limit` old or older."""
+    tables = by_table(rows)
+    due = sum(any(s.due for s in ss) for ss in tables.values())
+    late = sum(lagging(ss, now, limit) for ss in tables.values())
+    return f"{len(tables):,} table{'' if len(tables) == 1 else 's'}, {due:,} due, {late:,} lagging"
 
 
 def share(part: float, whole: float) -> str:
@@ -132,13 +217,17 @@ def usage_text(used: int, limit: int | None) -> str:
     return f"{human_bytes(used)} of {human_bytes(limit)} ({share(used, limit)})"
 
 
-def print_quotas(settings: Settings, as_json: bool = False) -> None:
+def print_quotas(
+    settings: Settings, as_json: bool = False, streams: bool = False, globs: list[str] | None = None
+) -> None:
+    """The tiers, then a line per table of those matching `globs` (all without): its fullest
+    partition's usage against its tier; per partition with `streams`."""
     from dataclasses import asdict
 
     from connector.app import status as get_status
     from quotas.ledger import tiers
 
-    usage = get_status(settings)
+    usage = get_status(settings, globs=globs)
     if as_json:
         return print_json(
             [
@@ -178,12 +267,31 @@ def print_quotas(settings: Settings, as_json: bool = False) -> None:
             str(q.consumer_groups),
         )
     show(table)
+    show(usage_streams(usage) if streams else usage_table(usage))
+
+
+def usage_table(rows: list[StreamStatus]) -> Table:
+    """A line per table: its tier, partitions and its fullest partition's usage of the quota."""
+    table = table_of(
+        "table",
+        "tier",
+        "parts",
+        "usage",
+        title="usage per table (its fullest partition's: state + tombstones + dirty log)",
+    )
+    for name, ss in by_table(rows).items():
+        full = max(ss, key=lambda s: s.usage_bytes)
+        table.add_row(name, full.tier, str(len(ss)), usage_text(full.usage_bytes, full.quota_bytes))
+    return table
+
+
+def usage_streams(rows: list[StreamStatus]) -> Table:
     table = table_of(
         "stream", "table", "tier", "usage", title="usage per partition (state + tombstones + dirty log: key + payload)"
     )
-    for s in usage:
+    for s in rows:
         table.add_row(s.stream, s.table, s.tier, usage_text(s.usage_bytes, s.quota_bytes))
-    show(table)
+    return table
 
 
 def print_query(settings: Settings, sql: str, limit: int) -> None:

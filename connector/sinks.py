@@ -16,6 +16,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -230,3 +231,19 @@ def _new_target(io: FileIO, base: str, name: str) -> FileTarget:
 
 def _layout(name: str) -> pa.Schema:
     return LOG_SCHEMA if name.endswith(LOG_SUFFIX) else DEAD_LETTER_SCHEMA
+
+
+COMMIT_THREADS = 8  # tables committed at once: each commit waits on the catalog and the store, not the CPU
+
+
+def at_once(commits: list[Callable[[], None]]) -> None:
+    """Runs `commits` (each of another table) `COMMIT_THREADS` at a time; after all have
+    ended, raises the first one's error, in the list's order."""
+    if len(commits) <= 1:
+        for commit in commits:
+            commit()
+        return
+    with ThreadPoolExecutor(min(COMMIT_THREADS, len(commits)), thread_name_prefix="cdclake-commit") as pool:
+        futures = [pool.submit(commit) for commit in commits]
+    for future in futures:
+        future.result()

@@ -1,5 +1,8 @@
 """Prometheus metrics (prometheus-client's default registry; `cdclake run --metrics-port`)."""
 
+import time
+from datetime import datetime
+
 from prometheus_client import Counter, Gauge
 
 USAGE = Gauge(
@@ -21,3 +24,17 @@ MIRROR_FAILURES = Counter(
     "committed positions not mirrored to the source's tooling (consumer group, blob checkpoint); best effort",
     ["source"],
 )
+FRESHNESS = Gauge(
+    "cdclake_table_freshness_seconds",
+    "seconds since the newest event compaction has applied to the table was enqueued",
+    ["table"],
+)
+_NEWEST: dict[str, float] = {}
+
+
+def compacted_up_to(table: str, enqueued: datetime) -> None:
+    """A round of `table` applied events up to one enqueued at `enqueued`: its freshness is
+    the time since then, as of each scrape."""
+    if enqueued.timestamp() > _NEWEST.get(table, float("-inf")):
+        _NEWEST[table] = enqueued.timestamp()
+        FRESHNESS.labels(table).set_function(lambda: time.time() - _NEWEST[table])

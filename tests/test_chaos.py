@@ -1,7 +1,8 @@
-"""Chaos on the loopback: `cdclake run --every 1` processes on a Kafka stream, killed with
-SIGKILL at random moments of their work, two of them started at once on the same input, and
-the broker stopped and started in the middle. One clean run afterwards must leave exactly
-what the model of the stream says: every produced event once in the log, and the state and
+"""Chaos on the loopback: `cdclake run --every 1` processes on the Kafka streams of three
+tables (`topics_pattern`, their rounds at once), killed with SIGKILL at random moments of
+their work, two of them started at once on the same input, and the broker stopped and
+started in the middle. One clean run afterwards must leave exactly what the model of the
+streams says: every produced event once in each table's log, and each table's state and
 tombstones of the newest change per key.
 
 Each round produces new events, starts a process (two in the first round) and kills it a
@@ -40,13 +41,14 @@ from tests.test_kafka_end_to_end import assert_tables_match_the_model_of, connec
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 KILLS = int(os.environ.get("CHAOS_KILLS", "4"))
-EVENTS_PER_ROUND = 150
+EVENTS_PER_ROUND = 150  # over the tables
+TABLES = 3
 WORK = ("ingest", "compaction")  # the phases a kill must land in
 # The phase a line of `cdclake -v run` starts, by its logger (`%(levelname)s %(name)s:`) or the
 # console's summary of a step; the first pattern that matches wins, other lines change nothing.
 PHASES = [
-    # the end of a table's compaction round: what follows is the wait before the next round
-    (re.compile(r" INFO iceberg\.compaction\.job: compaction \S+: \{"), "idle"),
+    # the end of a compaction pass: what follows is the wait before the next round
+    (re.compile(r" INFO connector\.app: compaction pass over "), "idle"),
     # the consumer's notices (`kafka <broker>: ...`) change nothing: many come while the broker is away
     (
         re.compile(r" (INFO|WARNING) (connector\.(pipeline|sinks|sources\.\w+)|iceberg\.log_writer): (?!kafka )"),
@@ -59,13 +61,15 @@ PHASES = [
 ]
 
 
-def _run(s, topic: str, log: Path) -> subprocess.Popen:
+def _run(s, log: Path) -> subprocess.Popen:
     env = connector_env(
         s,
-        topic,
+        "",
         batch_size=100,
         unavailable_timeout=30,
         CDCLAKE_SOURCE__GROUP_ID=s.source.group_id,
+        CDCLAKE_SOURCE__TOPICS_PATTERN=s.source.topics_pattern,
+        CDCLAKE_COMPACTION__PARALLEL_TABLES=str(TABLES),
         # maintenance after every round, so kills land in it too
         CDCLAKE_MAINTENANCE__SNAPSHOT_RETENTION_HOURS="0",
         CDCLAKE_MAINTENANCE__REWRITE_FILES="2",
@@ -154,18 +158,22 @@ def _wait(runs: list[subprocess.Popen], until: Callable[[], object], timeout: fl
 
 def test_kills_a_second_writer_and_a_broker_restart_end_as_one_clean_run(spark, settings, kafka, tmp_path):
     rng = random.Random(20261124)
-    topic = new_topic(kafka, 2)
-    table = topic.rsplit(".", 1)[1]
-    s = kafka_settings(settings, kafka, topic, batch_size=1000)
+    prefix = f"pg.chaos{rng.randrange(1 << 30):x}"
+    topics = [new_topic(kafka, 2, f"{prefix}.t{i}") for i in range(TABLES)]
+    s = kafka_settings(
+        settings, kafka, "", topics=None, topics_pattern=rf"{re.escape(prefix)}\.t\d", batch_size=1000, group_id=prefix
+    )
     load_catalog(s)  # the catalog's own tables exist before two processes open it at once
-    sent: list[tuple[int, int]] = []
+    sent: dict[str, list[tuple[int, int]]] = {t: [] for t in topics}
     sites: list[str] = []  # per process: where it was killed, or that it had stopped
     mid_work = 0
     reading_at_outage: list[str] = []
+    each = EVENTS_PER_ROUND // TABLES
     for i in range(KILLS):
-        sent += _produce(kafka.bootstrap, topic, rng, i * EVENTS_PER_ROUND, EVENTS_PER_ROUND)
+        for topic in topics:
+            sent[topic] += _produce(kafka.bootstrap, topic, rng, i * each, each)
         logs = [tmp_path / f"run-{i}-{j}.log" for j in range(2 if i == 0 else 1)]  # two writers at once first
-        runs = [_run(s, topic, log) for log in logs]
+        runs = [_run(s, log) for log in logs]
         if i == KILLS // 2:  # the broker goes away while they read
             _wait(runs, functools.partial(_reading, runs, logs))
             before = _reading(runs, logs)
@@ -189,9 +197,11 @@ def test_kills_a_second_writer_and_a_broker_restart_end_as_one_clean_run(spark, 
     assert reading_at_outage, f"the broker stopped while no process was alive and ingesting:\n{where}"
 
     run_ingest(s)  # one clean run
-    run_compaction(s, [table], force=True)
-    rows = log_rows(s, table)
-    assert sorted((r["partition"], r["sequence_number"]) for r in rows) == sorted(sent), (
-        "every produced event once in the log"
-    )
-    assert_tables_match_the_model_of(s, table, rows)
+    run_compaction(s, force=True)
+    for topic in topics:
+        table = topic.rsplit(".", 1)[1]
+        rows = log_rows(s, table)
+        assert sorted((r["partition"], r["sequence_number"]) for r in rows) == sorted(sent[topic]), (
+            f"every event produced to {topic} once in the log of {table}"
+        )
+        assert_tables_match_the_model_of(s, table, rows)

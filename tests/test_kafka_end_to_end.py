@@ -83,7 +83,9 @@ PASSED_ENV = (
 
 def connector_env(s, topic: str, batch_size: int, unavailable_timeout: int, **more: str) -> dict[str, str]:
     """The environment of `cdclake run` against the settings' broker and namespace: the
-    necessities of `PASSED_ENV` and the settings given here, nothing else."""
+    necessities of `PASSED_ENV` and the settings given here, nothing else. `topic`: the one
+    topic, or with `CDCLAKE_SOURCE__TOPICS_PATTERN` in `more`, none."""
+    topics = {} if "CDCLAKE_SOURCE__TOPICS_PATTERN" in more else {"CDCLAKE_SOURCE__TOPICS": json.dumps([topic])}
     return {
         **{k: os.environ[k] for k in PASSED_ENV if k in os.environ},
         "PYTHONUNBUFFERED": "1",  # its log lines as they happen
@@ -91,7 +93,7 @@ def connector_env(s, topic: str, batch_size: int, unavailable_timeout: int, **mo
         "CDCLAKE_CATALOG__NAMESPACE": s.catalog.namespace,
         "CDCLAKE_SOURCE__TYPE": "kafka",
         "CDCLAKE_SOURCE__BOOTSTRAP_SERVERS": s.source.bootstrap_servers,
-        "CDCLAKE_SOURCE__TOPICS": json.dumps([topic]),
+        **topics,
         "CDCLAKE_SOURCE__BATCH_SIZE": str(batch_size),
         "CDCLAKE_SOURCE__UNAVAILABLE_TIMEOUT_SECONDS": str(unavailable_timeout),
         "CDCLAKE_SPARK__SHUFFLE_PARTITIONS": "2",

@@ -75,7 +75,7 @@ from iceberg.summary_keys import (
     STREAM_BYTES,
     TRUNCATE,
 )
-from quotas.metrics import STALE
+from quotas.metrics import STALE, compacted_up_to
 
 log = logging.getLogger(__name__)
 # A round holding at most this many rows for its keys names them in its MERGEs (each key a
@@ -206,7 +206,8 @@ class Round:
     def run(self, force: bool) -> CompactionReport:
         started = time.monotonic()
         self.plan(force)
-        schema.ensure_tables(self.spark, self.names)
+        if not all(self.catalog.table_exists(t) for t in (self.names.state, self.names.tombstones, self.names.stale)):
+            schema.ensure_tables(self.spark, self.names)
         if self.report.ranges:
             self.read_dirty()
             self.read_held()
@@ -457,6 +458,9 @@ class Round:
             self.held_keys.get(names.state, []),
         )
         writes.write(self.spark, catalog, names.state, sql, props)  # every event stale: the properties alone
+        newest = [r.last_cleanable_time for r in self.ranges if r.last_cleanable_time is not None]
+        if newest:
+            compacted_up_to(names.table, max(newest))
         self.step("merge state")
         crash_point("compact.after-commit")
 

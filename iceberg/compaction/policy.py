@@ -40,6 +40,7 @@ class StreamStats:
     cleanable_end: int  # exclusive end of the cleanable range
     first_dirty_time: datetime | None
     dirty_events: int = 0
+    last_cleanable_time: datetime | None = None  # the newest enqueued time of the cleanable range
     cleanable_events: int = 0
     # of the cleanable range, when asked for: the packing bounds of its events
     # (`dedupe.bounds_columns`) and how many truncates it holds

@@ -161,6 +161,7 @@ class _Dirty:
     bytes: int = 0
     events: int = 0
     first_time: datetime | None = None
+    last_cleanable_time: datetime | None = None
     max_seq: int | None = None
     cleanable_bytes: int = 0
     cleanable_events: int = 0
@@ -347,6 +348,7 @@ def stream_stats(
                 first_dirty_time=d.first_time,
                 dirty_events=d.events,
                 cleanable_events=d.cleanable_events,
+                last_cleanable_time=d.last_cleanable_time,
                 **planned,
             )
         )
@@ -363,6 +365,9 @@ def _add(d: _Dirty, mine: pa.Table, end: int | None, policy: CompactionPolicy | 
     cleanable = mine if end is None else mine.filter(pc.less(mine["sequence_number"], end))
     d.cleanable_bytes += int(pc.sum(cleanable["payload_bytes"]).as_py() or 0)
     d.cleanable_events += cleanable.num_rows
+    if cleanable.num_rows:
+        last = pc.max(cleanable["enqueued_time"]).as_py()
+        d.last_cleanable_time = last if d.last_cleanable_time is None else max(d.last_cleanable_time, last)
     if policy is not None and cleanable.num_rows:
         from iceberg.compaction.dedupe import merge_bounds
 

@@ -4,11 +4,14 @@ table whose round fails stops neither the others nor itself on the next pass."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from connector.app import RoundsFailed, run_compaction, table_policy
 from iceberg import leases
@@ -38,6 +41,10 @@ def test_a_table_quiet_by_its_metadata_costs_no_round(spark, settings):
     catalog = load_catalog(s)
     assert not any(quiet(catalog, names(s, t), table_policy(s, t), NOW) for t in ("q0", "q1"))  # never compacted
     assert [r.ran for r in run_compaction(s, force=True, now=NOW)] == [True, True]
+    # freshness: now less the enqueued time of the newest event compacted (the stream's last line)
+    newest = max(json.loads(line)["ts"] for line in to_lines(STREAM, "source", "q0")) / 1000
+    freshness = REGISTRY.get_sample_value("cdclake_table_freshness_seconds", {"table": "q0"})
+    assert freshness is not None and abs(freshness - (time.time() - newest)) < 5
     assert all(quiet(catalog, names(s, t), table_policy(s, t), NOW) for t in ("q0", "q1"))
     # the tombstone of key 1 expires a day after the round: then q0 is not quiet (its purge is due)
     later = NOW + timedelta(days=2)
