@@ -208,8 +208,7 @@ def _batch(
         # is committed. The files were written for the table as it is created; should it be
         # otherwise (another process made it), the batch is staged again for the table as it is.
         new = sorted({sink for sink, _ in groups} - set(targets))
-        for sink in new:
-            sinks.get(sink)
+        at_once([functools.partial(sinks.get, sink) for sink in new])
         if not new or (new_target is not None and all(new_target(sink).fits(sinks.tables[sink]) for sink in new)):
             break
         _discard(sinks, groups.values())

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -236,9 +236,9 @@ def _layout(name: str) -> pa.Schema:
 COMMIT_THREADS = 8  # tables committed at once: each commit waits on the catalog and the store, not the CPU
 
 
-def at_once(commits: list[Callable[[], None]]) -> None:
-    """Runs `commits` (each of another table) `COMMIT_THREADS` at a time; after all have
-    ended, raises the first one's error, in the list's order."""
+def at_once(commits: Sequence[Callable[[], object]]) -> None:
+    """Runs `commits` (each of another table: a commit, a creation) `COMMIT_THREADS` at a
+    time; after all have ended, raises the first one's error, in the list's order."""
     if len(commits) <= 1:
         for commit in commits:
             commit()
