@@ -137,8 +137,9 @@ STALE_REASONS: SummaryKey[dict[str, int]] = SummaryKey(
 TRIMMED_BEFORE: SummaryKey[datetime] = SummaryKey(
     "cdclake.trimmed-before", frozenset({"log"}), datetime.isoformat, datetime.fromisoformat, carried=False
 )
-# The log's snapshot the round planned against, in the round's state commit: a table whose log
-# has appended no row since is quiet (`compaction.job.quiet`, no round runs).
+# The log's snapshot the round planned against, in the state commit of a round that left none
+# of its events dirty: a table whose log has appended no row since is quiet
+# (`compaction.job.quiet`, no round runs).
 LOG_SEEN: SummaryKey[int] = SummaryKey("cdclake.log-seen", frozenset({"state"}), str, int, carried=True)
 
 KEYS: tuple[SummaryKey[Any], ...] = (

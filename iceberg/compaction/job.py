@@ -125,8 +125,9 @@ class _Loaded:
 
 def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime) -> bool:
     """Whether a round of the table would do nothing, from its commits' metadata (no Spark, no
-    data file read): no event past the cleaner points, no tombstone file that may hold an
-    expired one, the log retention's trigger not met, no maintenance due."""
+    data file read): no row appended to the log since the snapshot of it that a round left
+    nothing dirty of (`LOG_SEEN`), no tombstone file that may hold an expired one, the log
+    retention's trigger not met, no maintenance due."""
     view: Any = _Loaded(catalog)
     try:
         log_table = view.load_table(names.log)
@@ -201,7 +202,8 @@ class Round:
         self.stale_rows: DataFrame | None = None
         self.columns: dict[str, str] = {}
         self.bytes: dict[str, dict[str, int]] = {}  # per table (state, tombstones): bytes per stream
-        self.log_seen: int | None = None  # the log's snapshot the plan read
+        # the log's snapshot the plan read, where the round leaves no event of it dirty
+        self.log_seen: int | None = None
 
     def run(self, force: bool) -> CompactionReport:
         started = time.monotonic()
@@ -228,14 +230,20 @@ class Round:
         """1. Per stream, the cleanable range and whether it is due, with its packing bounds,
         truncates and order (the planner's one pyiceberg scan of the log)."""
         names = self.names
-        seen = self.catalog.load_table(names.log).current_snapshot()
-        self.log_seen = seen.snapshot_id if seen is not None else None  # before the plan reads it
+        seen = self.catalog.load_table(names.log).current_snapshot()  # before the plan reads it
+        self.log_seen = seen.snapshot_id if seen is not None else None
         self.bytes = {t: held_bytes(load_optional(self.catalog, t)) for t in (names.state, names.tombstones)}
         clean = sum_streams(*self.bytes.values())
         stats = {
             s.stream: s for s in stream_stats(self.catalog, names, self.policy, self.now, bounds=True, clean=clean)
         }
         self.report.ranges = plan(list(stats.values()), self.policy, self.now, force)
+        planned = {r.stream for r in self.report.ranges}
+        if not all(
+            s.dirty_events == 0 or (s.stream in planned and s.cleanable_events == s.dirty_events)
+            for s in stats.values()
+        ):
+            self.log_seen = None  # events stay dirty (too young, or not due): the next pass looks again
         self.report.events = sum(stats[r.stream].cleanable_events for r in self.report.ranges)
         self.ranges = [stats[r.stream] for r in self.report.ranges]
         self.step("plan")

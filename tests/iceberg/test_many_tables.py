@@ -7,7 +7,7 @@ import dataclasses
 import json
 import tempfile
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -93,3 +93,21 @@ def test_a_table_whose_round_fails_stops_neither_the_others_nor_its_next_round(s
     assert {r.table: r.ran for r in reports} == {"f0": False, "f1": True, "f2": False}
     for t in tables:
         assert_matches_model(s, t, events, bounds, "source")
+
+
+def test_a_table_with_events_left_dirty_is_not_quiet(spark, settings):
+    """A round that leaves events dirty (younger than min_compaction_lag) does not make its
+    table quiet: a later pass compacts them."""
+    s, path = _lake(settings, ["y0"], "young")
+    s = s.model_copy(update={"compaction": s.compaction.model_copy(update={"min_compaction_lag_seconds": 3600})})
+    run_ingest(s)
+    # the lines are enqueued a millisecond apart from 1_700_000_000_000: those after the third are young
+    then = datetime.fromtimestamp(1_700_000_000_002 / 1000, UTC) + timedelta(hours=1)
+    (first,) = run_compaction(s, force=True, now=then)
+    assert 0 < first.events < len(path.read_text().splitlines())
+    assert not quiet(load_catalog(s), names(s, "y0"), table_policy(s, "y0"), then)
+    (second,) = run_compaction(s, force=True, now=NOW)
+    assert second.ran and first.events + second.events == len(path.read_text().splitlines())
+    assert quiet(load_catalog(s), names(s, "y0"), table_policy(s, "y0"), NOW)
+    events = decoded(path, s)
+    assert_matches_model(s, "y0", events, [len(events)], "source")
