@@ -172,7 +172,8 @@ def run_compaction(
     `compaction.parallel_tables` at a time, each in a Spark session of its own (its own views
     and snapshot properties) in a fair-scheduler pool of its own. A table whose round fails
     does not stop the others: `RoundsFailed` after the pass names it, with the others' reports."""
-    from iceberg.compaction.job import compact, quiet
+    from iceberg.compaction.job import compact
+    from iceberg.compaction.quiet import quiet
     from iceberg.compaction.report import CompactionReport
 
     catalog = load_catalog(settings)

@@ -139,7 +139,7 @@ TRIMMED_BEFORE: SummaryKey[datetime] = SummaryKey(
 )
 # The log's snapshot the round planned against, in the state commit of a round that left none
 # of its events dirty: a table whose log has appended no row since is quiet
-# (`compaction.job.quiet`, no round runs).
+# (`compaction.quiet`, no round runs).
 LOG_SEEN: SummaryKey[int] = SummaryKey("cdclake.log-seen", frozenset({"state"}), str, int, carried=True)
 
 KEYS: tuple[SummaryKey[Any], ...] = (

@@ -32,9 +32,6 @@ from functools import reduce
 from typing import Any
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -44,6 +41,7 @@ from iceberg import leases
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.policy import CompactionPolicy, plan
+from iceberg.compaction.quiet import upkeep
 from iceberg.compaction.report import (
     CompactionReport,
     Steps,
@@ -54,7 +52,6 @@ from iceberg.compaction.report import (
     truncate_marker,
 )
 from iceberg.compaction.retain import purge_predicate
-from iceberg.compaction.retention import due as retention_due
 from iceberg.compaction.retention import trim
 from iceberg.compaction.stats import (
     cleaner_points,
@@ -64,11 +61,10 @@ from iceberg.compaction.stats import (
     sum_streams,
 )
 from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
-from iceberg.maintenance import Upkeep, maintain, maintenance_due
+from iceberg.maintenance import maintain
 from iceberg.summary_keys import (
     CLEANER_POINTS,
     LOG_SEEN,
-    MARKERS,
     ORDERING,
     ROUND_RANGES,
     STALE_REASONS,
@@ -105,72 +101,6 @@ def compact(
             return Round(spark, catalog, names, policy, now, lease).run(force)
     finally:
         lease.release()
-
-
-class _Loaded:
-    """A catalog whose tables are each loaded once (the metadata of one moment, for decisions
-    that look at a table several times)."""
-
-    def __init__(self, catalog: Catalog):
-        self.catalog, self.tables = catalog, dict[str, Any]()
-
-    def load_table(self, name: str) -> Any:
-        if name not in self.tables:
-            self.tables[name] = self.catalog.load_table(name)
-        return self.tables[name]
-
-    def table_exists(self, name: str) -> bool:
-        return name in self.tables or self.catalog.table_exists(name)
-
-
-def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime) -> bool:
-    """Whether a round of the table would do nothing, from its commits' metadata (no Spark, no
-    data file read): no row appended to the log since the snapshot of it that a round left
-    nothing dirty of (`LOG_SEEN`), no tombstone file that may hold an expired one, the log
-    retention's trigger not met, no maintenance due."""
-    view: Any = _Loaded(catalog)
-    try:
-        log_table = view.load_table(names.log)
-    except NoSuchTableError:
-        return True
-    state = load_optional(view, names.state)
-    if state is None:
-        return log_table.current_snapshot() is None or not has_rows(view, names.log)
-    if appended_since(log_table, LOG_SEEN.read(state)):
-        return False
-    if has_rows(view, names.tombstones) and may_expire(view, names.tombstones, now):
-        return False
-    if policy.log_retention is not None and retention_due(view, names, now - policy.log_retention):
-        return False
-    return not maintenance_due(view, upkeep(view, names), policy.maintenance)
-
-
-def appended_since(log_table: Table, snapshot_id: int | None) -> bool:
-    """Whether the log appended a row after its snapshot `snapshot_id` (yes where that is not
-    in its ancestry): commits of positions alone, trims and rewrites add no row."""
-    snapshot = log_table.current_snapshot()
-    while snapshot is not None and snapshot.snapshot_id != snapshot_id:
-        summary = snapshot.summary
-        if summary is not None and summary.operation == Operation.APPEND:
-            if int(summary.additional_properties.get("added-records", 0)) > 0:
-                return True
-        if snapshot.parent_snapshot_id is None:
-            return True
-        snapshot = log_table.snapshot_by_id(snapshot.parent_snapshot_id)
-    return snapshot is None
-
-
-def upkeep(catalog: Catalog, names: TableNames) -> list[Upkeep]:
-    """The table's tables maintenance looks after, each with the key of its newest snapshot it keeps."""
-    return [
-        Upkeep(names.state, MARKERS["state"]),
-        Upkeep(names.tombstones, MARKERS["tombstones"]),
-        *[
-            Upkeep(n, marker, append_only=True)
-            for n, marker in ((names.log, MARKERS["log"]), (names.dead_letters, MARKERS["dead_letters"]))
-            if catalog.table_exists(n)
-        ],
-    ]
 
 
 class Round:

@@ -122,12 +122,16 @@ def test_the_demo_leaves_a_configuration_that_every_command_runs_on(tmp_path):
     rows = [line.split() for line in said.splitlines()]
     # on 80 columns, its tables are tables, each row on a line of its own
     assert ['{"id":4}', "0", "1", "r", "[1000]", "Anne", "anne@kretchmar.net"] in rows, said
-    assert ["customers", "2", "0", "4", "2", "1.18", "KB", "of", "1", "GB", "(<0.01%)"] in rows, said
+    assert ["customers", "0", "0.00", "-", "1.18", "KB", "of", "1", "GB", "(<0.01%)"] in rows, said
+    assert ["3", "tables,", "0", "due,", "0", "lagging"] in rows, said
     assert not [line for line in said.splitlines() if " INFO " in line], "step timings only with -v"
     config = work / "cdclake.toml"
     assert f"cdclake status -c {config}" in " ".join(said.split())
     statuses = json.loads(cli("status", "-c", str(config), "--json"))
     assert {s["table"] for s in statuses} == {"customers", "orders", "products"}
+    customers = [s for s in statuses if s["table"] == "customers"]
+    counts = (sum(s["live_rows"] for s in customers), sum(s["tombstones"] for s in customers))
+    assert (len(customers), *counts) == (2, 4, 2)  # partitions, live rows, tombstones
     read = [json.loads(line) for line in cli("read", "customers", "-c", str(config)).splitlines()]
     s = load_settings(config)
     catalog, n = load_catalog(s), names(s, "customers")

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from connector.app import RoundsFailed, run_compaction, table_policy
 from iceberg import leases
 from iceberg.catalog import load_catalog
-from iceberg.compaction.job import quiet
+from iceberg.compaction.quiet import quiet
 from iceberg.maintenance import MaintenancePolicy
 from tests.iceberg.helpers import NOW, decoded, names, run_ingest, with_source, write_lines
 from tests.iceberg.test_property import assert_matches_model, to_lines
