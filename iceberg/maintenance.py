@@ -8,7 +8,8 @@ and 42 delete files in the state, and its MERGE went from 1.7 to 2.5 s). So, aft
 round, per table:
 
 - **rewrite** when it holds `rewrite_files` more data files than its bytes need at its
-  target file size, or a fifth of its rows are deleted: Iceberg's `rewrite_data_files`
+  target file size, or a fifth of its rows (and at least `DELETED_ROWS_MIN`) are deleted:
+  Iceberg's `rewrite_data_files`
   (bin-pack: small files joined, files with many deleted rows rewritten without them),
   then `rewrite_position_delete_files` drops the delete files that refer to no live row.
   The log and dead letters only get their manifests rewritten (`rewrite_manifests`) once
@@ -46,6 +47,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DELETED_RATIO = 0.2  # deleted rows over rows in data files that make a rewrite due
+# fewer deleted rows than this make no rewrite due: readers apply them at little cost, and a
+# small table rewritten after each round would pay two Spark jobs a round for it (its count of
+# files still bounds it)
+DELETED_ROWS_MIN = 100_000
 TARGET_FILE_BYTES = 512 << 20  # Iceberg's default `write.target-file-size-bytes`
 SMALL = 0.75  # bin-pack rewrites files below this share of the target size (its `min-file-size-bytes`)
 
@@ -77,7 +82,7 @@ def rewrite_due(shape: TableShape, policy: MaintenancePolicy) -> bool:
     joins; the deleted share is handed to it as its `delete-ratio-threshold`."""
     needed = max(1, -(-shape.data_bytes // int(SMALL * shape.target_file_bytes)))
     return shape.data_files - needed >= policy.rewrite_files or (
-        shape.records > 0 and shape.deleted_rows >= DELETED_RATIO * shape.records
+        shape.deleted_rows >= max(DELETED_RATIO * shape.records, DELETED_ROWS_MIN)
     )
 
 

@@ -118,8 +118,8 @@ class MaintenanceConfig(Section):
         16,
         gt=0,
         description="rewrite a table's small files once it holds this many more "
-        "data files than its bytes need (or a fifth of its rows are "
-        "deleted), the log's manifests once it has more than this",
+        "data files than its bytes need (or a fifth of its rows, and at "
+        "least 100,000, are deleted), the log's manifests once it has more than this",
     )
     orphan_age_hours: float = Field(
         24.0,

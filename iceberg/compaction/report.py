@@ -73,9 +73,12 @@ def expired_by(now: datetime) -> BooleanExpression:
 
 
 def may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
-    """Whether a data file of the tombstones may hold one expired by `now` (by the files'
-    `expires_at` bounds in the manifests, without reading a row)."""
-    return any(True for _ in catalog.load_table(name).scan(row_filter=expired_by(now)).plan_files())
+    """Whether the tombstones hold one expired by `now`. The files' `expires_at` bounds in the
+    manifests rule out most files without reading a row; a file they do not rule out is read
+    (that column only, its deletes applied), since it may hold only tombstones a MERGE or a
+    purge has deleted, until a rewrite drops them."""
+    scan = catalog.load_table(name).scan(row_filter=expired_by(now), selected_fields=("expires_at",))
+    return any(True for _ in scan.plan_files()) and scan.to_arrow().num_rows > 0
 
 
 def round_truncates(dirty: DataFrame, ordering: Ordering) -> list[Truncate]:

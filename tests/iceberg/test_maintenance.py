@@ -24,11 +24,15 @@ NOW = 100 * HOUR
         # 64 MB target, which bin-pack leaves alone) is up to 22 of them
         (TableShape(data_files=37, data_bytes=1024 * MB, records=1000, target_file_bytes=64 * MB), False),
         (TableShape(data_files=38, data_bytes=1024 * MB, records=1000, target_file_bytes=64 * MB), True),
-        (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=1000, deleted_rows=199), False),
-        (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=1000, deleted_rows=200), True),
+        (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=10**6, deleted_rows=199_999), False),
+        (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=10**6, deleted_rows=200_000), True),
+        # a small table's deleted rows cost readers little: its count of files bounds it
+        (TableShape(data_files=2, delete_files=1, data_bytes=MB, records=1000, deleted_rows=900), False),
+        (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=400_000, deleted_rows=99_999), False),
+        (TableShape(data_files=1, delete_files=1, data_bytes=MB, records=400_000, deleted_rows=100_000), True),
     ],
 )
-def test_rewrite_when_files_exceed_what_the_bytes_need_or_a_fifth_is_deleted(shape, due):
+def test_rewrite_when_files_exceed_what_the_bytes_need_or_a_fifth_and_many_rows_are_deleted(shape, due):
     assert rewrite_due(shape, POLICY) is due
 
 
