@@ -168,12 +168,13 @@ def run_compaction(
     wait: float = 0.0,
 ) -> list[CompactionReport]:
     """One pass over the tables (all, or those named): a table whose commits say it has
-    nothing due costs its metadata only; the rounds of the others run
+    nothing due costs its metadata only; the rounds of the others, the most rows appended since
+    their last round first, run
     `compaction.parallel_tables` at a time, each in a Spark session of its own (its own views
     and snapshot properties) in a fair-scheduler pool of its own. A table whose round fails
     does not stop the others: `RoundsFailed` after the pass names it, with the others' reports."""
     from iceberg.compaction.job import compact
-    from iceberg.compaction.quiet import quiet
+    from iceberg.compaction.quiet import backlog, quiet
     from iceberg.compaction.report import CompactionReport
 
     catalog = load_catalog(settings)
@@ -184,6 +185,7 @@ def run_compaction(
     policies = {n.table: table_policy(settings, n.table) for n in todo}
     reports = {n.table: CompactionReport(n.table, ran=False) for n in todo}
     due = [n for n in todo if not quiet(catalog, n, policies[n.table], now)]
+    due.sort(key=lambda n: backlog(catalog, n), reverse=True)  # a hot table does not wait behind quiet ones
     failures: list[tuple[str, BaseException]] = []
     if due:
         from iceberg.spark import get_spark, round_session

@@ -3,13 +3,14 @@ many tables skips the quiet ones without Spark, a lease or a data file read."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.snapshots import Operation, Snapshot
 
 from iceberg.compaction.policy import CompactionPolicy
 from iceberg.compaction.report import has_rows, may_expire
@@ -58,19 +59,38 @@ def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: da
     return not maintenance_due(view, upkeep(view, names), policy.maintenance)
 
 
-def appended_since(log_table: Table, snapshot_id: int | None) -> bool:
-    """Whether the log appended a row after its snapshot `snapshot_id` (yes where that is not
-    in its ancestry): commits of positions alone, trims and rewrites add no row."""
+def _after(log_table: Table, snapshot_id: int | None) -> Iterator[Snapshot | None]:
+    """The log's snapshots after its snapshot `snapshot_id`, newest first, then None where that
+    is not in the current ancestry (never compacted, or expired)."""
     snapshot = log_table.current_snapshot()
     while snapshot is not None and snapshot.snapshot_id != snapshot_id:
-        summary = snapshot.summary
-        if summary is not None and summary.operation == Operation.APPEND:
-            if int(summary.additional_properties.get("added-records", 0)) > 0:
-                return True
-        if snapshot.parent_snapshot_id is None:
-            return True
-        snapshot = log_table.snapshot_by_id(snapshot.parent_snapshot_id)
-    return snapshot is None
+        yield snapshot
+        parent = snapshot.parent_snapshot_id
+        snapshot = log_table.snapshot_by_id(parent) if parent is not None else None
+    if snapshot is None:
+        yield None
+
+
+def _appended(snapshot: Snapshot) -> int:
+    """The rows `snapshot` appended: commits of positions alone, trims and rewrites add none."""
+    summary = snapshot.summary
+    if summary is None or summary.operation != Operation.APPEND:
+        return 0
+    return int(summary.additional_properties.get("added-records", 0))
+
+
+def appended_since(log_table: Table, snapshot_id: int | None) -> bool:
+    """Whether the log appended a row after its snapshot `snapshot_id` (yes where that is not
+    in its ancestry)."""
+    return any(s is None or _appended(s) > 0 for s in _after(log_table, snapshot_id))
+
+
+def backlog(catalog: Catalog, names: TableNames) -> int:
+    """The rows the table's log appended since its last round that left none dirty (all its
+    rows where none did), from the commits' metadata: a pass starts the busiest tables first."""
+    state = load_optional(catalog, names.state)
+    seen = LOG_SEEN.read(state) if state is not None else None
+    return sum(_appended(s) for s in _after(catalog.load_table(names.log), seen) if s is not None)
 
 
 def upkeep(catalog: Catalog, names: TableNames) -> list[Upkeep]:

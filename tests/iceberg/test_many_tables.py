@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from connector.app import RoundsFailed, run_compaction, table_policy
 from iceberg import leases
 from iceberg.catalog import load_catalog
-from iceberg.compaction.quiet import quiet
+from iceberg.compaction.quiet import backlog, quiet
 from iceberg.maintenance import MaintenancePolicy
 from tests.iceberg.helpers import NOW, decoded, names, run_ingest, with_source, write_lines
 from tests.iceberg.test_property import assert_matches_model, to_lines
@@ -33,6 +33,23 @@ def _lake(settings, tables: list[str], tag: str, stream=STREAM):
     catalog = settings.catalog.model_copy(update={"namespace": f"{settings.catalog.namespace}_{tag}"})
     s = with_source(settings.model_copy(update={"catalog": catalog}), path)
     return s.model_copy(update={"compaction": s.compaction.model_copy(update={"parallel_tables": 3})}), path
+
+
+def test_a_pass_starts_the_table_with_the_most_rows_appended_first(spark, settings):
+    """The backlog, from the log's commits, is every line ingested since the last round; the
+    busier table's round starts first, the table named first waits."""
+    lines = {"b0": to_lines(STREAM[:2], "source", "b0"), "b1": to_lines(STREAM, "source", "b1")}
+    path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines["b0"] + lines["b1"])
+    catalog = settings.catalog.model_copy(update={"namespace": f"{settings.catalog.namespace}_busy"})
+    s = with_source(settings.model_copy(update={"catalog": catalog}), path)
+    s = s.model_copy(update={"compaction": s.compaction.model_copy(update={"parallel_tables": 1})})
+    run_ingest(s)
+    catalog = load_catalog(s)
+    assert {t: backlog(catalog, names(s, t)) for t in lines} == {t: len(v) for t, v in lines.items()}
+    started: list[str] = []
+    run_compaction(s, force=True, now=NOW, on_table=started.append)
+    assert started == [names(s, "b1").state, names(s, "b0").state]
+    assert {t: backlog(catalog, names(s, t)) for t in lines} == {"b0": 0, "b1": 0}
 
 
 def test_a_table_quiet_by_its_metadata_costs_no_round(spark, settings):
