@@ -184,7 +184,7 @@ def run_compaction(
         validate(settings, names.table)
     policies = {n.table: table_policy(settings, n.table) for n in todo}
     reports = {n.table: CompactionReport(n.table, ran=False) for n in todo}
-    due = [n for n in todo if not quiet(catalog, n, policies[n.table], now)]
+    due = [n for n in todo if not quiet(catalog, n, policies[n.table], now, force)]
     due.sort(key=lambda n: backlog(catalog, n), reverse=True)  # a hot table does not wait behind quiet ones
     failures: list[tuple[str, BaseException]] = []
     if due:

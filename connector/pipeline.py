@@ -41,6 +41,7 @@ from iceberg import compat
 from iceberg.layouts import DEAD_LETTERS_SUFFIX, LOG_SUFFIX
 from iceberg.leases import Lease
 from iceberg.log_writer import FileTarget, delete_data_files
+from iceberg.summary_keys import APPENDED
 from quotas.errors import QuotaExceededError
 from quotas.metrics import DEAD_LETTERS, EVENTS, REFUSALS
 
@@ -238,6 +239,7 @@ def _merge(rows: list[Any]) -> dict[tuple[str, str], dict[str, Any]]:
                 "fresh_n": 0,
                 "bytes": 0,
                 "first": None,
+                "enqueued": None,
                 "last": (-1, ""),
                 "routed": False,
                 "files": [],
@@ -250,6 +252,9 @@ def _merge(rows: list[Any]) -> dict[tuple[str, str], dict[str, Any]]:
         g["bytes"] += r["bytes"]
         if r["first"] is not None and (g["first"] is None or r["first"] < g["first"]):
             g["first"] = r["first"]
+        if r["enqueued_min"] is not None:
+            lo, hi, was = r["enqueued_min"], r["enqueued_max"], g["enqueued"]
+            g["enqueued"] = (lo, hi) if was is None else (min(was[0], lo), max(was[1], hi))
         g["last"] = max(g["last"], (r["last"], r["last_offset"]))
         g["routed"] = g["routed"] or bool(r["routed"])
         g["files"] = None if g["files"] is None or r["files"] is None else [*g["files"], r["files"]]
@@ -304,9 +309,9 @@ def _commit_staged(
         _discard(sinks, [g for s, g in streams.items() if s not in kept])
         positions = {**batch_positions, **caps}
         if kept:
-            commits.append(
-                functools.partial(sinks.append, sink, [b for g in kept.values() for b in g["files"]], positions)
-            )
+            files = [b for g in kept.values() for b in g["files"]]
+            record = appended(kept) if sink.endswith(LOG_SUFFIX) else {}
+            commits.append(functools.partial(sinks.append, sink, files, positions, record))
         committed.append((sink, table, kept, incoming))
     at_once(commits)  # each table's commit is its own
     for sink, table, kept, incoming in committed:
@@ -323,6 +328,17 @@ def _commit_staged(
     stats.batches += 1
     stats.positions = batch_positions
     return refusals, last
+
+
+def appended(kept: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """The log commit's record of what it appends per stream (`summary_keys.APPENDED`): a
+    pass over many tables tells from it whether a table's dirty events can make a round due."""
+    record = {
+        s: [g["first"], g["last"][0] + 1, g["fresh_n"], g["bytes"], *g["enqueued"]]
+        for s, g in kept.items()
+        if g["enqueued"] is not None
+    }
+    return APPENDED.entry(record) if len(record) == len(kept) else {}
 
 
 def _report_dead_letters(per_sink: Mapping[str, Mapping[str, Mapping[str, Any]]], examples: int = 20) -> None:

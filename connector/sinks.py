@@ -113,13 +113,16 @@ class Sinks:
         base = self.location("")
         return functools.partial(_new_target, load_file_io(self.catalog.properties, base), base)
 
-    def append(self, name: str, written: list[bytes], positions: Mapping[str, int]) -> None:
+    def append(
+        self, name: str, written: list[bytes], positions: Mapping[str, int], record: Mapping[str, str] | None = None
+    ) -> None:
         """Commit data files a stage wrote (`connector.stage`, described) with `positions`
-        (merged with what the table holds) in the same snapshot."""
+        (merged with what the table holds) and `record` in the same snapshot."""
 
         def write(props: Mapping[str, str]) -> None:
             with _as_conflict():
-                commit_data_files(self.catalog.load_table((self.namespace, name)), written, props, self.branch)
+                table = self.catalog.load_table((self.namespace, name))
+                commit_data_files(table, written, {**props, **(record or {})}, self.branch)
 
         self._commit(name, positions, write)
 

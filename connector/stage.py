@@ -54,6 +54,8 @@ WRITTEN_SCHEMA = pa.schema(
         ("fresh_n", pa.int64()),  # of them not yet in the sink
         ("bytes", pa.int64()),  # payload bytes of the fresh ones (what quotas count)
         ("first", pa.int64()),  # the lowest fresh sequence number
+        ("enqueued_min", pa.int64()),  # the fresh ones' oldest enqueued time (microseconds)
+        ("enqueued_max", pa.int64()),  # and their newest
         ("last", pa.int64()),  # the highest sequence number
         ("last_offset", pa.string()),  # its offset
         ("routed", pa.bool_()),  # a change routed to the sink's table (not only tombstones)
@@ -187,6 +189,7 @@ class _Part:
         self.sink, self.topic, self.partition = sink, topic, partition
         self.n = self.fresh_n = self.bytes = 0
         self.first: int | None = None
+        self.enqueued: tuple[int, int] | None = None  # the fresh rows' (oldest, newest) enqueued time, us
         self.last: tuple[int, str] | None = None
         self.routed = False
         self.letters = sink.endswith(DEAD_LETTERS_SUFFIX)
@@ -213,6 +216,10 @@ class _Part:
         self.bytes += pc.sum(rows["payload_bytes"]).as_py() or 0
         first = pc.min(rows["sequence_number"]).as_py()
         self.first = first if self.first is None else min(self.first, first)
+        times = pc.min_max(rows["enqueued_time"].cast(pa.timestamp("us", "UTC")).cast(pa.int64()))
+        if times["min"].is_valid:
+            lo, hi, was = times["min"].as_py(), times["max"].as_py(), self.enqueued
+            self.enqueued = (lo, hi) if was is None else (min(was[0], lo), max(was[1], hi))
         if self.letters:
             reasons = rows.group_by("reason").aggregate([("reason", "count")])
             for reason, n in zip(reasons["reason"].to_pylist(), reasons["reason_count"].to_pylist()):
@@ -233,6 +240,8 @@ class _Part:
             "fresh_n": self.fresh_n,
             "bytes": self.bytes,
             "first": self.first,
+            "enqueued_min": self.enqueued[0] if self.enqueued else None,
+            "enqueued_max": self.enqueued[1] if self.enqueued else None,
             "last": self.last[0],
             "last_offset": self.last[1],
             "routed": self.routed,

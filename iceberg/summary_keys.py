@@ -142,6 +142,14 @@ TRIMMED_BEFORE: SummaryKey[datetime] = SummaryKey(
 # (`compaction.quiet`, no round runs).
 LOG_SEEN: SummaryKey[int] = SummaryKey("cdclake.log-seen", frozenset({"state"}), str, int, carried=True)
 
+# On each ingest commit of log rows, per stream: [first sequence number, end (exclusive), rows,
+# payload bytes, oldest and newest enqueued time in microseconds] of the rows it appends. A
+# pass tells from them, without reading the log, that a table's dirty events cannot make its
+# round due yet (`compaction.quiet`).
+APPENDED: SummaryKey[dict[str, list[int]]] = SummaryKey(
+    "cdclake.appended", frozenset({"log"}), _ranges_json, _ranges, carried=False
+)
+
 KEYS: tuple[SummaryKey[Any], ...] = (
     POSITIONS,
     WRITER,
@@ -153,6 +161,7 @@ KEYS: tuple[SummaryKey[Any], ...] = (
     STALE_REASONS,
     TRIMMED_BEFORE,
     LOG_SEEN,
+    APPENDED,
 )
 
 # Per table, the key whose newest snapshot maintenance never expires (`maintenance.Upkeep`).

@@ -4,7 +4,7 @@ many tables skips the quiet ones without Spark, a lease or a data file read."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -12,13 +12,13 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from iceberg.compaction.policy import CompactionPolicy
+from iceberg.compaction.policy import CompactionPolicy, StreamStats, plan
 from iceberg.compaction.report import has_rows, may_expire
 from iceberg.compaction.retention import due as retention_due
-from iceberg.compaction.stats import load_optional
+from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional
 from iceberg.layouts import TableNames
 from iceberg.maintenance import Upkeep, maintenance_due
-from iceberg.summary_keys import LOG_SEEN, MARKERS
+from iceberg.summary_keys import APPENDED, LOG_SEEN, MARKERS
 
 
 class _Loaded:
@@ -37,11 +37,13 @@ class _Loaded:
         return name in self.tables or self.catalog.table_exists(name)
 
 
-def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime) -> bool:
+def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime, force: bool = False) -> bool:
     """Whether a round of the table would do nothing, from its commits' metadata (no Spark, no
     data file read): no row appended to the log since the snapshot of it that a round left
-    nothing dirty of (`LOG_SEEN`), no tombstone file that may hold an expired one, the log
-    retention's trigger not met, no maintenance due."""
+    nothing dirty of (`LOG_SEEN`), or (unless `force`) none of those rows can make the round
+    due yet (`not_due`); no tombstone file that may hold an expired one, the log retention's
+    trigger not met, no maintenance due."""
+    now = now.replace(tzinfo=UTC) if now.tzinfo is None else now  # naive: UTC
     view: Any = _Loaded(catalog)
     try:
         log_table = view.load_table(names.log)
@@ -50,7 +52,7 @@ def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: da
     state = load_optional(view, names.state)
     if state is None:
         return log_table.current_snapshot() is None or not has_rows(view, names.log)
-    if appended_since(log_table, LOG_SEEN.read(state)):
+    if appended_since(log_table, LOG_SEEN.read(state)) and (force or not not_due(view, names, policy, now)):
         return False
     if has_rows(view, names.tombstones) and may_expire(view, names.tombstones, now):
         return False
@@ -83,6 +85,50 @@ def appended_since(log_table: Table, snapshot_id: int | None) -> bool:
     """Whether the log appended a row after its snapshot `snapshot_id` (yes where that is not
     in its ancestry)."""
     return any(s is None or _appended(s) > 0 for s in _after(log_table, snapshot_id))
+
+
+def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime) -> bool:
+    """Whether the table's uncompacted rows cannot make its round due now (`policy.plan`), told
+    from what each ingest commit since its last settled round recorded appending (`APPENDED`),
+    its cleaner points and the bytes its state and tombstones record: no data file is read.
+    Every estimate errs towards due: a commit that straddles a stream's cleaner point counts
+    whole, and one whose oldest row is older than `min_compaction_lag` counts as cleanable
+    whole. False (a round decides) where a commit carries no record or the log's history back
+    to that round is expired."""
+    state = load_optional(catalog, names.state)
+    if state is None:
+        return False
+    points = cleaner_points(state)
+    dirty: dict[str, list[list[int]]] = {}
+    for snapshot in _after(catalog.load_table(names.log), LOG_SEEN.read(state)):
+        if snapshot is None:
+            return False
+        if not _appended(snapshot):
+            continue
+        record = APPENDED.of(snapshot)
+        if record is None:
+            return False
+        for stream, (first, end, *rest) in record.items():
+            if end > points.get(stream, 0):
+                dirty.setdefault(stream, []).append([first, end, *rest])
+    clean = held_bytes(state, load_optional(catalog, names.tombstones)) if dirty else {}
+    cutoff = int((now - policy.min_compaction_lag).timestamp() * 1_000_000)
+    stats = []
+    for stream, commits in dirty.items():
+        cleanable = [c for c in commits if c[4] <= cutoff]
+        point = points.get(stream, 0)
+        stats.append(
+            StreamStats(
+                stream=stream,
+                cleaner_point=point,
+                clean_bytes=clean.get(stream, 0),
+                dirty_bytes=sum(c[3] for c in commits),
+                cleanable_bytes=sum(c[3] for c in cleanable),
+                cleanable_end=max((c[1] for c in cleanable), default=point),
+                first_dirty_time=datetime.fromtimestamp(min(c[4] for c in commits) / 1_000_000, UTC),
+            )
+        )
+    return not plan(stats, policy, now)
 
 
 def backlog(catalog: Catalog, names: TableNames) -> int:

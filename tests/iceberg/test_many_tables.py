@@ -16,8 +16,11 @@ from prometheus_client import REGISTRY
 from connector.app import RoundsFailed, run_compaction, table_policy
 from iceberg import leases
 from iceberg.catalog import load_catalog
+from iceberg.compaction.policy import plan
 from iceberg.compaction.quiet import backlog, quiet
+from iceberg.compaction.stats import stream_stats
 from iceberg.maintenance import MaintenancePolicy
+from iceberg.summary_keys import APPENDED
 from tests.iceberg.helpers import NOW, decoded, names, run_ingest, with_source, write_lines
 from tests.iceberg.test_property import assert_matches_model, to_lines
 
@@ -50,6 +53,59 @@ def test_a_pass_starts_the_table_with_the_most_rows_appended_first(spark, settin
     run_compaction(s, force=True, now=NOW, on_table=started.append)
     assert started == [names(s, "b1").state, names(s, "b0").state]
     assert {t: backlog(catalog, names(s, t)) for t in lines} == {"b0": 0, "b1": 0}
+
+
+def test_each_log_commit_records_what_it_appends_per_stream(spark, settings):
+    """APPENDED against the rows the log holds: per stream first and end sequence number,
+    rows, payload bytes, oldest and newest enqueued time."""
+    s, _ = _lake(settings, ["r0"], "record")
+    run_ingest(s)
+    log_table = load_catalog(s).load_table(names(s, "r0").log)
+    rows = log_table.scan().to_arrow().to_pylist()
+    want: dict[str, list[int]] = {}
+    for r in rows:
+        stream, seq = f"{r['topic']}:{r['partition']}", r["sequence_number"]
+        us = int(r["enqueued_time"].timestamp() * 1_000_000)
+        first, end, n, size, oldest, newest = want.get(stream, [seq, seq + 1, 0, 0, us, us])
+        want[stream] = [
+            min(first, seq),
+            max(end, seq + 1),
+            n + 1,
+            size + r["payload_bytes"],
+            min(oldest, us),
+            max(newest, us),
+        ]
+    assert APPENDED.of(log_table.current_snapshot()) == want
+
+
+def test_a_table_whose_dirty_events_are_not_due_costs_no_round(spark, settings):
+    """Events the planner would not compact yet (too few, too young) cost no round, told from
+    the log commits' records; the planner over the log's rows (`stream_stats`) agrees on each
+    setting, and a forced pass, an old enough event or a lower ratio makes the round run."""
+    stream = [(k, "c", k + 1, False) for k in range(20)] + [(0, "u", 21, False), (1, "u", 22, False)]
+    s, path = _lake(settings, ["n0"], "notdue", stream)
+    s = s.model_copy(update={"compaction": s.compaction.model_copy(update={"min_cleanable_dirty_ratio": 0.5})})
+    then = datetime.fromtimestamp(1_700_000_000, UTC) + timedelta(hours=1)  # an hour after the events
+    run_ingest(s, max_records=20)
+    assert [r.ran for r in run_compaction(s, force=True, now=then)] == [True]
+    run_ingest(s)
+    catalog, t = load_catalog(s), names(s, "n0")
+    base = table_policy(s, "n0")
+
+    def both(policy, now=then) -> tuple[bool, bool]:
+        """(the metadata says quiet, the planner over the rows plans nothing)"""
+        return quiet(catalog, t, policy, now), not plan(stream_stats(catalog, t, policy, now), policy, now)
+
+    assert both(base) == (True, True)  # 2 dirty events against 20 clean: below the ratio
+    young = dataclasses.replace(base, min_cleanable_dirty_ratio=0.0, min_compaction_lag=timedelta(days=1))
+    assert both(young) == (True, True)
+    assert both(dataclasses.replace(base, min_cleanable_dirty_ratio=0.0)) == (False, False)
+    assert both(dataclasses.replace(base, max_compaction_lag=timedelta(minutes=30))) == (False, False)
+    assert not quiet(catalog, t, base, then, force=True)
+    assert [r.ran for r in run_compaction(s, now=then)] == [False]
+    assert [r.ran for r in run_compaction(s, force=True, now=then)] == [True]
+    events = decoded(path, s)
+    assert_matches_model(s, "n0", events, [20, len(events)], "source")
 
 
 def test_a_table_quiet_by_its_metadata_costs_no_round(spark, settings):

@@ -71,6 +71,11 @@ CASES: list[tuple[sk.SummaryKey[Any], Any, str]] = [
     (sk.TRIMMED_BEFORE, datetime(2030, 1, 1, 4, 30, tzinfo=UTC), "2030-01-01T04:30:00+00:00"),
     (sk.LOG_SEEN, 6004071938446419107, "6004071938446419107"),
     (
+        sk.APPENDED,
+        {"t:0": [12, 15, 3, 420, 1700000000000000, 1700000000002000]},
+        '{"t:0":[12,15,3,420,1700000000000000,1700000000002000]}',
+    ),
+    (
         sk.TRIMMED_BEFORE,
         datetime(2030, 1, 1, 4, 30, 0, 12, tzinfo=timezone(timedelta(hours=2))),
         "2030-01-01T04:30:00.000012+02:00",
