@@ -41,7 +41,7 @@ def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: da
     """Whether a round of the table would do nothing, from its commits' metadata (no Spark, no
     data file read): no row appended to the log since the snapshot of it that a round left
     nothing dirty of (`LOG_SEEN`), or (unless `force`) none of those rows can make the round
-    due yet (`not_due`); no tombstone file that may hold an expired one, the log retention's
+    due yet (`not_due`); no expired tombstone (`report.may_expire`), the log retention's
     trigger not met, no maintenance due."""
     now = now.replace(tzinfo=UTC) if now.tzinfo is None else now  # naive: UTC
     view: Any = _Loaded(catalog)
