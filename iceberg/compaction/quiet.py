@@ -18,7 +18,7 @@ from iceberg.compaction.retention import due as retention_due
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional
 from iceberg.layouts import TableNames
 from iceberg.maintenance import Upkeep, maintenance_due
-from iceberg.summary_keys import APPENDED, LOG_SEEN, MARKERS
+from iceberg.summary_keys import APPENDED, LOG_SEEN, MARKERS, POSITIONS
 
 
 class _Loaded:
@@ -93,8 +93,10 @@ def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: 
     its cleaner points and the bytes its state and tombstones record: no data file is read.
     Every estimate errs towards due: a commit that straddles a stream's cleaner point counts
     whole, and one whose oldest row is older than `min_compaction_lag` counts as cleanable
-    whole. False (a round decides) where a commit carries no record or the log's history back
-    to that round is expired."""
+    whole. The walk back through the log's commits ends at that round's snapshot, or at a
+    commit before which every row is below the cleaner points (its positions, or the first
+    row it appends of a stream, at or below them). False (a round decides) where a commit
+    carries no record or the walk runs out of history first."""
     state = load_optional(catalog, names.state)
     if state is None:
         return False
@@ -103,20 +105,29 @@ def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: 
     for snapshot in _after(catalog.load_table(names.log), LOG_SEEN.read(state)):
         if snapshot is None:
             return False
-        if not _appended(snapshot):
-            continue
-        record = APPENDED.of(snapshot)
+        record = APPENDED.of(snapshot) if _appended(snapshot) else {}
         if record is None:
             return False
         for stream, (first, end, *rest) in record.items():
             if end > points.get(stream, 0):
                 dirty.setdefault(stream, []).append([first, end, *rest])
+        # the rows before this commit are below its first row of a stream (it appends only
+        # rows past the table's positions), else below its positions
+        positions = POSITIONS.of(snapshot)
+        if positions is not None and all(
+            (record[s][0] if s in record else p) <= points.get(s, 0) for s, p in positions.items()
+        ):
+            break
     clean = held_bytes(state, load_optional(catalog, names.tombstones)) if dirty else {}
     cutoff = int((now - policy.min_compaction_lag).timestamp() * 1_000_000)
     stats = []
     for stream, commits in dirty.items():
         cleanable = [c for c in commits if c[4] <= cutoff]
         point = points.get(stream, 0)
+        # none old enough: the planner's range ends at the first young row, past the point where
+        # a gap in the sequence numbers (rows of other tables) precedes it; a commit across
+        # the point says nothing of a gap, and that empty range waits for an old enough row
+        young_from = max(point, min(c[0] for c in commits))
         stats.append(
             StreamStats(
                 stream=stream,
@@ -124,7 +135,7 @@ def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: 
                 clean_bytes=clean.get(stream, 0),
                 dirty_bytes=sum(c[3] for c in commits),
                 cleanable_bytes=sum(c[3] for c in cleanable),
-                cleanable_end=max((c[1] for c in cleanable), default=point),
+                cleanable_end=max((c[1] for c in cleanable), default=young_from),
                 first_dirty_time=datetime.fromtimestamp(min(c[4] for c in commits) / 1_000_000, UTC),
             )
         )

@@ -146,8 +146,8 @@ def behind(history: list[tuple[int, dict[str, int]]], topic: str, produced: list
 
 
 def latencies(history, topic: str, ts: list[array], first: list[int]) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per steady event (offset >= first[p]) reached by a snapshot: its produce time (s, from
-    the first) and its latency (s); and how many no snapshot reached."""
+    """Per steady event (offset >= first[p]) reached by a snapshot: its produce time (s since
+    the epoch) and its latency (s); and how many no snapshot reached."""
     produced, lat, missing = [], [], 0
     for p in range(len(ts)):
         t = np.frombuffer(ts[p], dtype=np.int64)
@@ -160,7 +160,7 @@ def latencies(history, topic: str, ts: list[array], first: list[int]) -> tuple[n
                 done = end
         missing += len(t) - done
     at = np.concatenate(produced) if produced else np.array([], np.int64)
-    return (at - at.min()) / 1000 if len(at) else at, np.concatenate(lat) / 1000 if lat else at, missing
+    return at / 1000, np.concatenate(lat) / 1000 if lat else at, missing
 
 
 def _streams(producer, prefix: str, args) -> list[Stream]:
@@ -216,7 +216,8 @@ def run_rate(broker, root: Path, rate: int, args) -> dict:
             stream.change(k, now)
             if k % 10_000 == 0:
                 producing.poll(0)
-    producing.flush(120)
+    if producing.flush(120):
+        raise RuntimeError("the producer could not deliver every seed event to the broker")
     seeded = {s.topic: [len(t) for t in s.ts] for s in streams}
     log = (root / f"fresh-{rate}.log").open("w")
     job = subprocess.Popen(
@@ -268,7 +269,7 @@ def run_rate(broker, root: Path, rate: int, args) -> dict:
     if len(lat):
         fig.update({f"p{q}_s": round(float(np.percentile(lat, q)), 2) for q in (50, 95, 99)})
         fig["max_s"] = round(float(lat.max()), 2)
-        fig["lag_slope"] = round(float(np.polyfit(at, lat, 1)[0]), 3) if len(lat) > 1 else 0.0
+        fig["lag_slope"] = round(float(np.polyfit(at - at.min(), lat, 1)[0]), 3) if len(lat) > 1 else 0.0
     if len(streams) > 1:
         fig["hot_tables"] = len(hot)
         for name, group in (("hot", hot), ("quiet", quiet)):

@@ -108,6 +108,32 @@ def test_a_table_whose_dirty_events_are_not_due_costs_no_round(spark, settings):
     assert_matches_model(s, "n0", events, [20, len(events)], "source")
 
 
+def test_a_table_left_dirty_by_young_events_is_decided_from_its_commits(spark, settings):
+    """A round that leaves young events dirty records no log snapshot (`cdclake.log-seen`):
+    the walk back through the log's commits ends at the commit before which every row is
+    compacted, and the metadata agrees with the planner over the rows."""
+    stream = [(k, "c", k + 1, False) for k in range(20)] + [(0, "u", 21, False), (1, "u", 22, False)]
+    s, path = _lake(settings, ["y1"], "youngtail", stream)
+    setting = {"min_cleanable_dirty_ratio": 0.5, "min_compaction_lag_seconds": 3600}
+    s = s.model_copy(update={"compaction": s.compaction.model_copy(update=setting)})
+    run_ingest(s, max_records=20)
+    run_ingest(s)  # a commit of its own for the two updates
+    # the lines are enqueued a millisecond apart from 1_700_000_000_000: the last two are young
+    now = datetime.fromtimestamp(1_700_000_000.0195, UTC) + timedelta(hours=1)
+    (first,) = run_compaction(s, force=True, now=now)
+    assert first.ran and first.events == 20
+    catalog, t = load_catalog(s), names(s, "y1")
+    base = table_policy(s, "y1")
+
+    def both(policy) -> tuple[bool, bool]:
+        return quiet(catalog, t, policy, now), not plan(stream_stats(catalog, t, policy, now), policy, now)
+
+    assert both(base) == (True, True)  # young
+    assert both(dataclasses.replace(base, min_compaction_lag=timedelta(0))) == (True, True)  # 2 of 22: below 0.5
+    old_enough = dataclasses.replace(base, min_compaction_lag=timedelta(0), min_cleanable_dirty_ratio=0.0)
+    assert both(old_enough) == (False, False)
+
+
 def test_a_table_quiet_by_its_metadata_costs_no_round(spark, settings):
     s, path = _lake(settings, ["q0", "q1"], "quiet")
     run_ingest(s)
