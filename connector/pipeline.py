@@ -62,6 +62,10 @@ class IngestStats:
     positions: dict[str, int] = field(default_factory=dict)
 
 
+# How often a table that received nothing records the run's positions (seconds)
+POSITIONS_EVERY_S = 60.0
+
+
 def _caps(gate: QuotaGate | None, sink: str) -> dict[str, int]:
     if gate is None or not sink.endswith(LOG_SUFFIX):
         return {}
@@ -130,11 +134,14 @@ def _ingest(
         source.seek(stats.positions)
         _one_pass(source, run, max_records, fail_fast=make_room is None)
         # Tables that received nothing lately still record how far the run got, so the next
-        # run does not re-read from their older positions.
+        # run does not re-read from their older positions: each at most every
+        # `POSITIONS_EVERY_S` (a commit per idle table and pass would cost a pass over many
+        # tables more than its rows; what a restart re-reads in between is skipped as held).
         records: list[Callable[[], None]] = []
         for name, held in list(sinks.positions.items()):
             wanted = {**stats.positions, **_caps(gate, name)}
-            if any(held.get(s, 0) < p for s, p in wanted.items()):
+            behind = any(held.get(s, 0) < p for s, p in wanted.items())
+            if behind and sinks.idle_seconds(name) >= POSITIONS_EVERY_S:
                 records.append(functools.partial(sinks.record, name, wanted))
         at_once(records)
         if gate is None or not gate.paused or make_room is None:

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -84,6 +85,11 @@ class Sinks:
         """Per stream, the lowest next-position of any table (0 if a table lacks it)."""
         known = set(streams).union(*[p.keys() for p in self.positions.values()])
         return {s: min((p.get(s, 0) for p in self.positions.values()), default=0) for s in known}
+
+    def idle_seconds(self, name: str) -> float:
+        """Seconds since the table's newest commit (by its writer's clock)."""
+        snapshot = self.tables[name].current_snapshot()
+        return time.time() - snapshot.timestamp_ms / 1000 if snapshot is not None else float("inf")
 
     def _merged(self, name: str, positions: Mapping[str, int]) -> dict[str, int]:
         held = self.positions[name]

@@ -137,10 +137,16 @@ STALE_REASONS: SummaryKey[dict[str, int]] = SummaryKey(
 TRIMMED_BEFORE: SummaryKey[datetime] = SummaryKey(
     "cdclake.trimmed-before", frozenset({"log"}), datetime.isoformat, datetime.fromisoformat, carried=False
 )
-# The log's snapshot the round planned against, in the state commit of a round that left none
-# of its events dirty: a table whose log has appended no row since is quiet
-# (`compaction.quiet`, no round runs).
+# The log's snapshot the round planned against, in each state commit of a round (with `DIRTY`,
+# what it left dirty): a pass decides from them and the log's commits after that snapshot
+# whether a table's round has anything to do (`compaction.quiet`).
 LOG_SEEN: SummaryKey[int] = SummaryKey("cdclake.log-seen", frozenset({"state"}), str, int, carried=True)
+# With it, per stream, the log's rows the round left dirty (too young, or not due), as
+# `APPENDED` records them: [first sequence number, end, rows, payload bytes, oldest and newest
+# enqueued time in microseconds] (an estimate erring towards due).
+DIRTY: SummaryKey[dict[str, list[int]]] = SummaryKey(
+    "cdclake.dirty", frozenset({"state"}), _ranges_json, _ranges, carried=True
+)
 
 # On each ingest commit of log rows, per stream: [first sequence number, end (exclusive), rows,
 # payload bytes, oldest and newest enqueued time in microseconds] of the rows it appends. A
@@ -162,6 +168,7 @@ KEYS: tuple[SummaryKey[Any], ...] = (
     TRIMMED_BEFORE,
     LOG_SEEN,
     APPENDED,
+    DIRTY,
 )
 
 # Per table, the key whose newest snapshot maintenance never expires (`maintenance.Upkeep`).
@@ -171,6 +178,13 @@ MARKERS: dict[TableKind, SummaryKey[Any]] = {
     "state": CLEANER_POINTS,
     "tombstones": STREAM_BYTES,
 }
+
+
+def carried_entries(table: Table, kind: TableKind) -> dict[str, str]:
+    """The carried keys of a `kind` table as they stand (a commit of properties alone writes
+    them again, so that they stay reachable with the marker it writes)."""
+    keys = [k for k in KEYS if k.carried and kind in k.tables]
+    return {k.name: raw for k in keys if (raw := newest_raw(table, k.name)) is not None}
 
 
 def rebuild_entries(source: Table, kind: TableKind) -> dict[str, str]:

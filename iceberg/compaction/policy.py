@@ -42,6 +42,8 @@ class StreamStats:
     dirty_events: int = 0
     last_cleanable_time: datetime | None = None  # the newest enqueued time of the cleanable range
     cleanable_events: int = 0
+    young_time: datetime | None = None  # the oldest enqueued time past the cleanable range
+    dirty_end: int = 0  # past the last dirty event's sequence number
     # of the cleanable range, when asked for: the packing bounds of its events
     # (`dedupe.bounds_columns`) and how many truncates it holds
     bounds: dict[str, Any] | None = field(default=None, compare=False)

@@ -18,7 +18,7 @@ from iceberg.compaction.retention import due as retention_due
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional
 from iceberg.layouts import TableNames
 from iceberg.maintenance import Upkeep, maintenance_due
-from iceberg.summary_keys import APPENDED, LOG_SEEN, MARKERS, POSITIONS
+from iceberg.summary_keys import APPENDED, DIRTY, LOG_SEEN, MARKERS, POSITIONS
 
 
 class _Loaded:
@@ -39,9 +39,9 @@ class _Loaded:
 
 def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime, force: bool = False) -> bool:
     """Whether a round of the table would do nothing, from its commits' metadata (no Spark, no
-    data file read): no row appended to the log since the snapshot of it that a round left
-    nothing dirty of (`LOG_SEEN`), or (unless `force`) none of those rows can make the round
-    due yet (`not_due`); no expired tombstone (`report.may_expire`), the log retention's
+    data file read): no row left dirty by its last round (`DIRTY`) nor appended to the log
+    since the snapshot that round planned against (`LOG_SEEN`), or (unless `force`) none of
+    those rows can make the round due yet (`not_due`); no expired tombstone (`report.may_expire`), the log retention's
     trigger not met, no maintenance due."""
     now = now.replace(tzinfo=UTC) if now.tzinfo is None else now  # naive: UTC
     view: Any = _Loaded(catalog)
@@ -52,7 +52,8 @@ def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: da
     state = load_optional(view, names.state)
     if state is None:
         return log_table.current_snapshot() is None or not has_rows(view, names.log)
-    if appended_since(log_table, LOG_SEEN.read(state)) and (force or not not_due(view, names, policy, now)):
+    dirty = bool(DIRTY.read(state)) or appended_since(log_table, LOG_SEEN.read(state))
+    if dirty and (force or not not_due(view, names, policy, now)):
         return False
     if has_rows(view, names.tombstones) and may_expire(view, names.tombstones, now):
         return False
@@ -89,11 +90,12 @@ def appended_since(log_table: Table, snapshot_id: int | None) -> bool:
 
 def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime) -> bool:
     """Whether the table's uncompacted rows cannot make its round due now (`policy.plan`), told
-    from what each ingest commit since its last settled round recorded appending (`APPENDED`),
-    its cleaner points and the bytes its state and tombstones record: no data file is read.
+    from what its last round left dirty (`DIRTY`) and what each ingest commit since recorded
+    appending (`APPENDED`), its cleaner points and the bytes its state and tombstones record:
+    no data file is read.
     Every estimate errs towards due: a commit that straddles a stream's cleaner point counts
     whole, and one whose oldest row is older than `min_compaction_lag` counts as cleanable
-    whole. The walk back through the log's commits ends at that round's snapshot, or at a
+    whole. The walk back through the log's commits ends at that round's snapshot (`LOG_SEEN`), or at a
     commit before which every row is below the cleaner points (its positions, or the first
     row it appends of a stream, at or below them). False (a round decides) where a commit
     carries no record or the walk runs out of history first."""
@@ -102,6 +104,9 @@ def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: 
         return False
     points = cleaner_points(state)
     dirty: dict[str, list[list[int]]] = {}
+    for stream, (first, end, *rest) in (DIRTY.read(state) or {}).items():
+        if end > points.get(stream, 0):
+            dirty.setdefault(stream, []).append([first, end, *rest])
     for snapshot in _after(catalog.load_table(names.log), LOG_SEEN.read(state)):
         if snapshot is None:
             return False
@@ -143,11 +148,12 @@ def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: 
 
 
 def backlog(catalog: Catalog, names: TableNames) -> int:
-    """The rows the table's log appended since its last round that left none dirty (all its
-    rows where none did), from the commits' metadata: a pass starts the busiest tables first."""
+    """The rows its last round left dirty and those the table's log appended since (all its
+    rows where no round ran), from the commits' metadata: a pass starts the busiest tables first."""
     state = load_optional(catalog, names.state)
     seen = LOG_SEEN.read(state) if state is not None else None
-    return sum(_appended(s) for s in _after(catalog.load_table(names.log), seen) if s is not None)
+    left = sum(c[2] for c in (DIRTY.read(state) or {}).values()) if state is not None else 0
+    return left + sum(_appended(s) for s in _after(catalog.load_table(names.log), seen) if s is not None)
 
 
 def upkeep(catalog: Catalog, names: TableNames) -> list[Upkeep]:

@@ -27,11 +27,15 @@ from iceberg.summary_keys import TRIMMED_BEFORE
 
 
 def _rows(catalog: Catalog, name: str) -> int:
-    """The table's rows, from its snapshot summary (0 without a table or a snapshot)."""
+    """The table's live rows, from its snapshot summary: the rows of its data files less those
+    position-deleted (a small table keeps its deleted rows until a rewrite); 0 without a
+    table or a snapshot."""
     table = load_optional(catalog, name)
     snapshot = table.current_snapshot() if table is not None else None
-    summary = snapshot.summary if snapshot is not None else None
-    return int(summary.additional_properties.get("total-records", 0)) if summary is not None else 0
+    if snapshot is None or snapshot.summary is None:
+        return 0
+    props = snapshot.summary.additional_properties
+    return int(props.get("total-records", 0)) - int(props.get("total-position-deletes", 0))
 
 
 def _older(cutoff: datetime) -> BooleanExpression:
@@ -40,7 +44,7 @@ def _older(cutoff: datetime) -> BooleanExpression:
 
 def log_due(catalog: Catalog, names: TableNames, points: dict[str, int], cutoff: datetime) -> bool:
     """The trigger of the log's trim: the files that may hold rows older than `cutoff` (by
-    their bounds in the manifests) hold more rows than the state and tombstones."""
+    their bounds in the manifests) hold more rows than the state and tombstones hold live."""
     scan = catalog.load_table(names.log).scan(row_filter=_older(cutoff))
     may = sum(t.file.record_count for t in scan.plan_files())
     return bool(points) and may > sum(_rows(catalog, t) for t in (names.state, names.tombstones))

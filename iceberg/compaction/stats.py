@@ -162,6 +162,7 @@ class _Dirty:
     events: int = 0
     first_time: datetime | None = None
     last_cleanable_time: datetime | None = None
+    young_time: datetime | None = None
     max_seq: int | None = None
     cleanable_bytes: int = 0
     cleanable_events: int = 0
@@ -349,6 +350,8 @@ def stream_stats(
                 dirty_events=d.events,
                 cleanable_events=d.cleanable_events,
                 last_cleanable_time=d.last_cleanable_time,
+                young_time=d.young_time,
+                dirty_end=d.max_seq + 1 if d.max_seq is not None else point,
                 **planned,
             )
         )
@@ -363,6 +366,9 @@ def _add(d: _Dirty, mine: pa.Table, end: int | None, policy: CompactionPolicy | 
     d.first_time = first if d.first_time is None else min(d.first_time, first)
     d.max_seq = top if d.max_seq is None else max(d.max_seq, top)
     cleanable = mine if end is None else mine.filter(pc.less(mine["sequence_number"], end))
+    if cleanable.num_rows < mine.num_rows:
+        young = pc.min(mine.filter(pc.greater_equal(mine["sequence_number"], end))["enqueued_time"]).as_py()
+        d.young_time = young if d.young_time is None else min(d.young_time, young)
     d.cleanable_bytes += int(pc.sum(cleanable["payload_bytes"]).as_py() or 0)
     d.cleanable_events += cleanable.num_rows
     if cleanable.num_rows:

@@ -19,8 +19,8 @@ from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import plan
 from iceberg.compaction.quiet import backlog, quiet
 from iceberg.compaction.stats import stream_stats
-from iceberg.maintenance import MaintenancePolicy
-from iceberg.summary_keys import APPENDED
+from iceberg.maintenance import MaintenancePolicy, Upkeep, maintain
+from iceberg.summary_keys import APPENDED, MARKERS
 from tests.iceberg.helpers import NOW, decoded, names, run_ingest, with_source, write_lines
 from tests.iceberg.test_property import assert_matches_model, to_lines
 
@@ -83,12 +83,13 @@ def test_a_table_whose_dirty_events_are_not_due_costs_no_round(spark, settings):
     the log commits' records; the planner over the log's rows (`stream_stats`) agrees on each
     setting, and a forced pass, an old enough event or a lower ratio makes the round run."""
     stream = [(k, "c", k + 1, False) for k in range(20)] + [(0, "u", 21, False), (1, "u", 22, False)]
-    s, path = _lake(settings, ["n0"], "notdue", stream)
+    s, path = _lake(settings, ["n0"], "notdue", stream + [(2, "u", 23, False)])
     s = s.model_copy(update={"compaction": s.compaction.model_copy(update={"min_cleanable_dirty_ratio": 0.5})})
     then = datetime.fromtimestamp(1_700_000_000, UTC) + timedelta(hours=1)  # an hour after the events
     run_ingest(s, max_records=20)
     assert [r.ran for r in run_compaction(s, force=True, now=then)] == [True]
-    run_ingest(s)
+    run_ingest(s, max_records=2)
+    run_ingest(s)  # three commits of one or two events
     catalog, t = load_catalog(s), names(s, "n0")
     base = table_policy(s, "n0")
 
@@ -96,12 +97,20 @@ def test_a_table_whose_dirty_events_are_not_due_costs_no_round(spark, settings):
         """(the metadata says quiet, the planner over the rows plans nothing)"""
         return quiet(catalog, t, policy, now), not plan(stream_stats(catalog, t, policy, now), policy, now)
 
-    assert both(base) == (True, True)  # 2 dirty events against 20 clean: below the ratio
+    assert both(base) == (True, True)  # 3 dirty events against 20 clean: below the ratio
     young = dataclasses.replace(base, min_cleanable_dirty_ratio=0.0, min_compaction_lag=timedelta(days=1))
     assert both(young) == (True, True)
     assert both(dataclasses.replace(base, min_cleanable_dirty_ratio=0.0)) == (False, False)
     assert both(dataclasses.replace(base, max_compaction_lag=timedelta(minutes=30))) == (False, False)
     assert not quiet(catalog, t, base, then, force=True)
+    assert [r.ran for r in run_compaction(s, now=then)] == [False]
+    # the log's snapshots expire, the one the round planned against with them: the walk runs
+    # out of history, so a round decides, and records the log's snapshot and what is dirty
+    expire = MaintenancePolicy(snapshot_retention=timedelta(0), expire_batch=1)
+    maintain(spark, catalog, t.catalog, [Upkeep(t.log, MARKERS["log"], append_only=True)], expire)
+    assert not quiet(catalog, t, base, then)
+    assert [(r.ran, r.events) for r in run_compaction(s, now=then)] == [(True, 0)]
+    assert both(base) == (True, True)
     assert [r.ran for r in run_compaction(s, now=then)] == [False]
     assert [r.ran for r in run_compaction(s, force=True, now=then)] == [True]
     events = decoded(path, s)
@@ -132,6 +141,38 @@ def test_a_table_left_dirty_by_young_events_is_decided_from_its_commits(spark, s
     assert both(dataclasses.replace(base, min_compaction_lag=timedelta(0))) == (True, True)  # 2 of 22: below 0.5
     old_enough = dataclasses.replace(base, min_compaction_lag=timedelta(0), min_cleanable_dirty_ratio=0.0)
     assert both(old_enough) == (False, False)
+
+
+def test_an_idle_table_records_the_runs_positions_at_most_every_interval(spark, settings, monkeypatch):
+    """A table that received nothing in a pass records the run's positions only once its
+    newest commit is `POSITIONS_EVERY_S` old; what a restart re-reads meanwhile is skipped as
+    held (the logs keep each line once)."""
+    from connector import pipeline
+    from iceberg.log_writer import committed_positions
+
+    more = [(2, "c", 6, False), (3, "c", 7, False)]
+    hot, idle = to_lines(STREAM + more, "source", "p0"), to_lines(STREAM, "source", "p1")
+    first = len(to_lines(STREAM, "source", "p0"))
+    path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", hot[:first] + idle)
+    catalog = settings.catalog.model_copy(update={"namespace": f"{settings.catalog.namespace}_idle"})
+    s = with_source(settings.model_copy(update={"catalog": catalog}), path)
+    run_ingest(s)
+    catalog = load_catalog(s)
+
+    def positions(t: str) -> dict[str, int]:
+        return committed_positions(catalog.load_table(names(s, t).log))
+
+    before = positions("p1")
+    write_lines(path, hot[:first] + idle + hot[first:])  # two more lines of p0 only
+    run_ingest(s)
+    assert positions("p1") == before != positions("p0")  # p1 committed a moment ago: no record
+    again = run_ingest(s)  # resumes from p1's positions: p0's two lines again, held
+    assert (again.records, again.duplicates, sum(again.accepted.values())) == (2, 2, 0)
+    monkeypatch.setattr(pipeline, "POSITIONS_EVERY_S", 0.0)
+    run_ingest(s)
+    assert positions("p1") == positions("p0")
+    for t, lines in (("p0", hot), ("p1", idle)):
+        assert catalog.load_table(names(s, t).log).scan().to_arrow().num_rows == len(lines)
 
 
 def test_a_table_quiet_by_its_metadata_costs_no_round(spark, settings):
@@ -206,7 +247,10 @@ def test_a_table_with_events_left_dirty_is_not_quiet(spark, settings):
     then = datetime.fromtimestamp(1_700_000_000_002 / 1000, UTC) + timedelta(hours=1)
     (first,) = run_compaction(s, force=True, now=then)
     assert 0 < first.events < len(path.read_text().splitlines())
-    assert not quiet(load_catalog(s), names(s, "y0"), table_policy(s, "y0"), then)
+    # what the round left dirty (DIRTY) is still young then, and old enough by NOW
+    eager = dataclasses.replace(table_policy(s, "y0"), min_cleanable_dirty_ratio=0.0)
+    assert quiet(load_catalog(s), names(s, "y0"), eager, then)
+    assert not quiet(load_catalog(s), names(s, "y0"), eager, NOW)
     (second,) = run_compaction(s, force=True, now=NOW)
     assert second.ran and first.events + second.events == len(path.read_text().splitlines())
     assert quiet(load_catalog(s), names(s, "y0"), table_policy(s, "y0"), NOW)
