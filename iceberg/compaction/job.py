@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from functools import reduce
 from typing import Any
@@ -41,8 +40,8 @@ from connector.core.ordering import Truncate, newest_truncate
 from iceberg import leases
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
-from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
-from iceberg.compaction.quiet import upkeep
+from iceberg.compaction.policy import CompactionPolicy, plan
+from iceberg.compaction.quiet import left_dirty, record_seen, upkeep
 from iceberg.compaction.report import (
     CompactionReport,
     Steps,
@@ -62,7 +61,6 @@ from iceberg.compaction.stats import (
     sum_streams,
 )
 from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
-from iceberg.log_writer import append_with_positions
 from iceberg.maintenance import maintain
 from iceberg.summary_keys import (
     CLEANER_POINTS,
@@ -73,7 +71,6 @@ from iceberg.summary_keys import (
     STALE_REASONS,
     STREAM_BYTES,
     TRUNCATE,
-    carried_entries,
 )
 from quotas.metrics import STALE, compacted_up_to
 
@@ -105,28 +102,6 @@ def compact(
             return Round(spark, catalog, names, policy, now, lease).run(force)
     finally:
         lease.release()
-
-
-def left_dirty(stats: Iterable[StreamStats], ranges: list[CleanRange], now: datetime) -> dict[str, list[int]]:
-    """Per stream, the log's rows a round of `ranges` leaves dirty, as `APPENDED` records a
-    commit's (`DIRTY`): [first sequence number at most, end, rows, payload bytes, oldest
-    enqueued time (us), the plan's time (us)]."""
-    planned = {r.stream: r for r in ranges}
-    out = {}
-    for s in stats:
-        r = planned.get(s.stream)
-        rows = s.dirty_events - (s.cleanable_events if r else 0)
-        oldest = (s.young_time if r else None) or s.first_dirty_time
-        if rows <= 0 or oldest is None:
-            continue
-        first = r.end if r else s.cleaner_point
-        size = s.dirty_bytes - (s.cleanable_bytes if r else 0)
-        out[s.stream] = [first, s.dirty_end, rows, size, _us(oldest), _us(now)]
-    return out
-
-
-def _us(t: datetime) -> int:
-    return int(t.timestamp() * 1_000_000)
 
 
 class Round:
@@ -203,20 +178,9 @@ class Round:
 
     def record_seen(self) -> None:
         """A round with nothing due records the log's snapshot it planned against and what it
-        left dirty, where the state does not hold that snapshot yet (a commit of properties
-        alone, with the state's other carried keys): a pass then decides from them and the log
-        commits after it, whatever the log's history keeps."""
-        state = self.catalog.load_table(self.names.state)
-        if self.log_seen is None or LOG_SEEN.read(state) == self.log_seen:
-            return
-        props = {
-            **carried_entries(state, "state"),
-            **self.recorded(self.names.state),
-            **LOG_SEEN.entry(self.log_seen),
-            **DIRTY.entry(self.dirty_left),
-        }
-        append_with_positions(state, state.schema().as_arrow().empty_table(), None, props, crash_tag="compact.seen")
-        self.step("log seen")
+        left dirty (`quiet.record_seen`)."""
+        if record_seen(self.catalog, self.names.state, self.log_seen, self.dirty_left, self.recorded(self.names.state)):
+            self.step("log seen")
 
     def read_dirty(self) -> None:
         """2a. The dirty events; those older than the table's truncate marker arrive too late

@@ -1,9 +1,10 @@
 """Whether a table's round would do anything, from its commits' metadata alone: a pass over
-many tables skips the quiet ones without Spark, a lease or a data file read."""
+many tables skips the quiet ones without Spark, a lease or a data file read. Also what a
+round records for it: the log's snapshot it planned against and what it left dirty."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,13 +13,14 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from iceberg.compaction.policy import CompactionPolicy, StreamStats, plan
+from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
 from iceberg.compaction.report import has_rows, may_expire
 from iceberg.compaction.retention import due as retention_due
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional
 from iceberg.layouts import TableNames
+from iceberg.log_writer import append_with_positions
 from iceberg.maintenance import Upkeep, maintenance_due
-from iceberg.summary_keys import APPENDED, DIRTY, LOG_SEEN, MARKERS, POSITIONS
+from iceberg.summary_keys import APPENDED, DIRTY, LOG_SEEN, MARKERS, POSITIONS, carried_entries
 
 
 class _Loaded:
@@ -124,7 +126,7 @@ def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: 
         ):
             break
     clean = held_bytes(state, load_optional(catalog, names.tombstones)) if dirty else {}
-    cutoff = int((now - policy.min_compaction_lag).timestamp() * 1_000_000)
+    cutoff = _us(now - policy.min_compaction_lag)
     stats = []
     for stream, commits in dirty.items():
         cleanable = [c for c in commits if c[4] <= cutoff]
@@ -167,3 +169,40 @@ def upkeep(catalog: Catalog, names: TableNames) -> list[Upkeep]:
             if catalog.table_exists(n)
         ],
     ]
+
+
+def left_dirty(stats: Iterable[StreamStats], ranges: list[CleanRange], now: datetime) -> dict[str, list[int]]:
+    """Per stream, the log's rows a round of `ranges` leaves dirty, as `APPENDED` records a
+    commit's (`DIRTY`): [first sequence number at most, end, rows, payload bytes, oldest
+    enqueued time (us), the plan's time (us)]."""
+    planned = {r.stream: r for r in ranges}
+    out = {}
+    for s in stats:
+        r = planned.get(s.stream)
+        rows = s.dirty_events - (s.cleanable_events if r else 0)
+        oldest = (s.young_time if r else None) or s.first_dirty_time
+        if rows <= 0 or oldest is None:
+            continue
+        first = r.end if r else s.cleaner_point
+        size = s.dirty_bytes - (s.cleanable_bytes if r else 0)
+        out[s.stream] = [first, s.dirty_end, rows, size, _us(oldest), _us(now)]
+    return out
+
+
+def _us(t: datetime) -> int:
+    return int(t.timestamp() * 1_000_000)
+
+
+def record_seen(
+    catalog: Catalog, state_name: str, log_seen: int | None, dirty: Mapping[str, list[int]], held: Mapping[str, str]
+) -> bool:
+    """Records, where the state does not hold it yet, the log's snapshot a round with nothing
+    due planned against and what it left dirty, in a commit of properties alone (with the
+    state's other carried keys and `held`, the bytes it records): a pass then decides from
+    them and the log's commits after it, whatever the log's history keeps. Whether it did."""
+    state = catalog.load_table(state_name)
+    if log_seen is None or LOG_SEEN.read(state) == log_seen:
+        return False
+    props = {**carried_entries(state, "state"), **held, **LOG_SEEN.entry(log_seen), **DIRTY.entry(dict(dirty))}
+    append_with_positions(state, state.schema().as_arrow().empty_table(), None, props, crash_tag="compact.seen")
+    return True
