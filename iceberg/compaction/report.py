@@ -78,7 +78,7 @@ def may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
     (that column only, its deletes applied), since it may hold only tombstones a MERGE or a
     purge has deleted, until a rewrite drops them."""
     scan = catalog.load_table(name).scan(row_filter=expired_by(now), selected_fields=("expires_at",))
-    return scan.to_arrow().num_rows > 0  # one plan: reads only the files the bounds keep
+    return bool(scan.to_arrow().num_rows > 0)  # one plan: reads only the files the bounds keep
 
 
 def round_truncates(dirty: DataFrame, ordering: Ordering) -> list[Truncate]:
