@@ -297,15 +297,19 @@ def infra_eventhubs(
 
 @app.command()
 def query(
-    sql: str = typer.Argument(..., help='Spark SQL, e.g. "SELECT * FROM cdc.customers"'),
+    sql: str = typer.Argument(..., help='SQL, e.g. "SELECT * FROM cdc.customers"'),
     config: Path | None = ConfigOpt,
     limit: int = typer.Option(50, help="rows to print"),
+    engine: str = typer.Option("spark", help="spark, or duckdb: DuckDB's own Iceberg reader, no JVM"),
 ) -> None:
-    """Run Spark SQL over the tables (the catalog is the default one: name tables `<ns>.<table>`).
+    """Run SQL over the tables: name them `<namespace>.<table>`. On Spark (the default) every
+    table of the catalog is there; on DuckDB, those the query names.
 
-    Example: `cdclake query "SELECT reason, count(*) FROM cdc.orders__stale GROUP BY reason"`"""
+    Examples:
+    `cdclake query "SELECT reason, count(*) FROM cdc.orders__stale GROUP BY reason"`;
+    `cdclake query --engine duckdb "SELECT count(*) FROM cdc.customers"`"""
     settings = _settings(config)
-    _guard(lambda: print_query(settings, sql, limit))
+    _guard(lambda: print_query(settings, sql, limit, engine))
 
 
 @app.command()

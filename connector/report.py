@@ -16,7 +16,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from connector.core.errors import ConnectorError
+from connector.core.errors import ConfigError, ConnectorError
 from quotas.tiers import human_bytes
 
 if TYPE_CHECKING:
@@ -294,17 +294,26 @@ def usage_streams(rows: list[StreamStatus]) -> Table:
     return table
 
 
-def print_query(settings: Settings, sql: str, limit: int) -> None:
-    from pyspark.errors import PySparkException
+def print_query(settings: Settings, sql: str, limit: int, engine: str = "spark") -> None:
+    """The first `limit` rows of `sql` run on Spark, or on DuckDB (`iceberg.duckdb_query`: no JVM)."""
+    if engine == "duckdb":
+        from iceberg.duckdb_query import run
 
-    from iceberg.spark import get_spark
+        result = run(settings, sql)
+        columns, rows = result.column_names, [tuple(r.values()) for r in result.slice(0, limit).to_pylist()]
+    elif engine == "spark":
+        from pyspark.errors import PySparkException
 
-    try:
-        df = get_spark(settings).sql(sql)
-        rows = df.limit(limit).collect()
-    except PySparkException as e:  # Spark's own message, first line: no JVM stack trace
-        raise QueryError(f"query failed: {str(e).strip().splitlines()[0]}") from None
-    table = table_of(*df.columns, title=sql)
+        from iceberg.spark import get_spark
+
+        try:
+            df = get_spark(settings).sql(sql)
+            columns, rows = df.columns, [tuple(r) for r in df.limit(limit).collect()]
+        except PySparkException as e:  # Spark's own message, first line: no JVM stack trace
+            raise QueryError(f"query failed: {str(e).strip().splitlines()[0]}") from None
+    else:
+        raise ConfigError(f"--engine {engine!r}: give spark or duckdb")
+    table = table_of(*columns, title=sql)
     for r in rows:
         table.add_row(*["" if v is None else str(v) for v in r])
     show(table)

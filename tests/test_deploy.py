@@ -165,6 +165,12 @@ def test_the_whole_pipeline_on_an_s3_warehouse(spark, s3, tmp_path, monkeypatch)
     for kind in ("data", "metadata"):
         assert any(k.startswith(f"{bucket_prefix}/{ns}") and f"/{TABLE}/{kind}/" in k for k in keys), (kind, keys[:20])
     assert not (settings.root / "warehouse").exists()  # nothing on the local disk
+    # DuckDB reads the S3 warehouse through httpfs with the catalog's s3.* properties
+    from iceberg.duckdb_query import run
+
+    state = names(settings, TABLE).state
+    got = {r["_key"]: r["_offset"] for r in run(settings, f"SELECT _key, _offset FROM {state}").to_pylist()}
+    assert got and got == offsets_by_key(settings, state)
 
 
 def _rows(settings, name: str, leave_out: tuple[str, ...] = ()) -> list[dict]:
