@@ -2,11 +2,12 @@
 
 Kept whatever their age: everything at or past the stream's cleaner point (never a dirty
 event), each live key's and each tombstone's winning event (the reader's value bytes, the
-recomputation of `verify` and `rebuild`), and every truncate (it removes older keys on
-recomputation). The rest older than the cut-off is removed by a row delete, once the files
-whose `enqueued_time` bounds say they may hold old rows hold more rows than the state and
-tombstones (the most the keys keep): a steady stream trims in batches, not each round. Dead
-letters older than the cut-off go too. The log's trimming commit records the cut-off
+recomputation of `verify` and `rebuild`) with the event whose source position it took (a
+bare tombstone's delete), and every truncate (it removes older keys on recomputation).
+The rest older than the cut-off is removed by a row delete, once the files whose
+`enqueued_time` bounds say they may hold old rows hold more rows than the state and
+tombstones (the most the keys keep): a steady stream trims in batches, not each round.
+Dead letters older than the cut-off go too. The log's trimming commit records the cut-off
 (`summary_keys.TRIMMED_BEFORE`).
 """
 
@@ -71,23 +72,30 @@ def trim(spark: SparkSession, catalog: Catalog, names: TableNames, cutoff: datet
         keys = ["topic", "partition", "sequence_number"]
         stream = F.concat_ws(":", "topic", F.col("partition").cast("string"))
         point = F.create_map(*[x for s, p in sorted(points.items()) for x in (F.lit(s), F.lit(p))])
-        winners = reduce(
+        held = reduce(
             DataFrame.unionByName,
             [
                 spark.table(names.spark(t)).select(
                     F.col("_topic").alias("topic"),
                     F.col("_partition_id").alias("partition"),
                     F.col("_sequence_number").alias("sequence_number"),
+                    F.col("_key").alias("key"),
+                    F.col("_source_position").alias("source_position"),
                 )
                 for t in (names.state, names.tombstones)
             ],
         )
+        # a held row's position may be another event's: a bare tombstone takes its delete's
+        # (`connector.core.ordering`), and that event stays for the recomputation to give it again
+        givers = held.where(F.col("source_position").isNotNull()).select("key", "source_position")
         gone = (
             spark.table(names.spark(names.log))
             .where((F.col("enqueued_time") < F.lit(cutoff)) & (F.col("op") != "t"))
             .where(F.col("sequence_number") < F.coalesce(point[stream], F.lit(0)))
+            .select(*keys, "key", "source_position")
+            .join(held.select(*keys), keys, "left_anti")
+            .join(givers, ["key", "source_position"], "left_anti")
             .select(*keys)
-            .join(winners, keys, "left_anti")
             .localCheckpoint(eager=True)
         )
         trimmed = gone.count()
