@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from connector.core.errors import ConnectorError
+from iceberg import azure
 
 if TYPE_CHECKING:
     from connector.core.config import Settings
@@ -92,11 +93,16 @@ def load_catalog(settings: Settings) -> SqlCatalog:
     return catalog
 
 
-def storage_properties(settings: Settings) -> dict[str, str]:
-    """The FileIO properties for pyiceberg and Spark alike: the configured ones, with timeouts
-    for a warehouse on S3 (`timeout_seconds`) where none are set: pyiceberg's
-    `s3.connect-timeout` / `s3.request-timeout`, S3FileIO's Apache HTTP client's."""
+def storage_properties(settings: Settings, spark: bool = False) -> dict[str, str]:
+    """The FileIO properties for pyiceberg (for Iceberg in Spark with `spark`): the configured
+    ones, with timeouts for a warehouse on S3 (`timeout_seconds`) where none are set:
+    pyiceberg's `s3.connect-timeout` / `s3.request-timeout`, S3FileIO's Apache HTTP client's;
+    for a warehouse on Azure, the credentials of `catalog.azure` as each of them names them
+    (`iceberg.azure`)."""
     props = dict(settings.catalog.properties)
+    if azure.on_azure(settings.warehouse):
+        given = azure.spark_properties if spark else azure.pyiceberg_properties
+        props = {**given(settings.catalog, settings.warehouse), **props}
     if settings.warehouse.startswith(("s3://", "s3a://")):
         seconds = settings.catalog.timeout_seconds
         for key, value in (

@@ -37,6 +37,11 @@ def connect(properties: dict[str, str], warehouse: str) -> duckdb.DuckDBPyConnec
     secret from the catalog's `s3.*` properties."""
     import duckdb
 
+    if warehouse.startswith(("abfs://", "abfss://", "wasb://", "wasbs://")):
+        raise ConfigError(
+            f"query --engine duckdb reads a warehouse on local disk or S3, not {warehouse.split('@')[0]}@...: "
+            "use --engine spark"
+        )
     s3 = warehouse.startswith(("s3://", "s3a://"))
     con = duckdb.connect()
     for name in EXTENSIONS + (("httpfs",) if s3 else ()):

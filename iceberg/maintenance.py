@@ -25,6 +25,11 @@ round, per table:
   killed write left (Parquet, manifests, metadata JSON). The age keeps a write in progress
   (its files exist before its commit) safe, so it must exceed the longest write.
 
+  Its own listing (Hadoop's FileSystem) has no `abfs://`: on Azure it lists with
+  `ADLSFileIO`'s prefix listing (ADLS Gen2's DFS API), and where that API is missing
+  (Blob storage without a hierarchical namespace; Azurite) with pyiceberg's FileIO
+  (adlfs, the Blob API), whose list it hands to Iceberg (`file_list_view`).
+
 The decisions are pure (`rewrite_due`, `expire_before`); `maintain` runs them on Spark.
 """
 
@@ -215,10 +220,49 @@ def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, p
             f"{call}expire_snapshots(table => {sql_literal(name)}, older_than => TIMESTAMP '{when}', retain_last => 1)"
         )
         done.append(f"expire {name} ({sum(1 for ts, _ in snapshots if ts < cutoff)})")
-        older = (datetime.now(UTC) - policy.orphan_age).strftime("%Y-%m-%d %H:%M:%S.%f")
-        removed = spark.sql(
-            f"{call}remove_orphan_files(table => {sql_literal(name)}, older_than => TIMESTAMP '{older}')"
-        ).count()
+        removed = remove_orphans(spark, call, table, name, datetime.now(UTC) - policy.orphan_age)
         if removed:
             done.append(f"remove orphan files {name} ({removed})")
     return done
+
+
+def remove_orphans(spark: SparkSession, call: str, table: Table, name: str, older: datetime) -> int:
+    """Iceberg's `remove_orphan_files` of the files older than `older`; returns how many went
+    (on Azure, listed as the module docstring says)."""
+    when = older.strftime("%Y-%m-%d %H:%M:%S.%f")
+    base = f"{call}remove_orphan_files(table => {sql_literal(name)}, older_than => TIMESTAMP '{when}'"
+    if not table.location().startswith(("abfs://", "abfss://")):
+        return spark.sql(base + ")").count()
+    try:
+        return spark.sql(base + ", prefix_listing => true)").count()
+    except Exception as e:  # noqa: BLE001 - only a missing DFS API is answered here
+        if "DataLakeStorageException" not in str(e):
+            raise
+        log.info("%s: no DFS API to list its files (%s); listing them through the Blob API", name, str(e)[:200])
+    view = "cdclake_files"  # the round's own session
+    spark.createDataFrame(listed_files(table), "file_path string, last_modified timestamp").createOrReplaceTempView(
+        view
+    )
+    try:
+        return spark.sql(base + f", file_list_view => '{view}')").count()
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+def listed_files(table: Table) -> list[tuple[str, datetime]]:
+    """Every file under the table's location on Azure, with its last-modified time, listed
+    through pyiceberg's FileIO (adlfs: the Blob API), named as the table names its files."""
+    from urllib.parse import urlparse
+
+    from pyiceberg.io.fsspec import FsspecFileIO
+
+    url = urlparse(table.location())
+    if not isinstance(table.io, FsspecFileIO):
+        raise TypeError(f"table {table.name()}: listing its files needs pyiceberg's FsspecFileIO (adlfs)")
+    fs = table.io.get_fs(url.scheme, url.hostname)
+    found = fs.find(f"{url.username}{url.path}", detail=True)
+    return [
+        (f"{url.scheme}://{url.username}@{url.hostname}/{path.split('/', 1)[1]}", info["last_modified"])
+        for path, info in found.items()
+        if info.get("type") == "file"
+    ]

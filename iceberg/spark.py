@@ -35,8 +35,9 @@ def spark_jars(settings: Settings) -> list[str]:
 
 def file_io(settings: Settings) -> dict[str, str]:
     """The catalog's FileIO properties for Iceberg in Spark: the configured ones, with
-    `S3FileIO` (iceberg-aws-bundle) for a warehouse on S3 unless `io-impl` names another."""
-    props = storage_properties(settings)
+    `S3FileIO` (iceberg-aws-bundle) for a warehouse on S3 unless `io-impl` names another, and
+    `ADLSFileIO` with its credentials for one on Azure (`iceberg.azure`)."""
+    props = storage_properties(settings, spark=True)
     if settings.warehouse.startswith(("s3://", "s3a://")):
         props.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
     return props
@@ -65,9 +66,11 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.scheduler.mode": "FAIR",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-        # Spark's default plus the options that carry Kafka and Event Hubs credentials, so
+        # Spark's default plus the options that carry Kafka, Event Hubs and Azure storage credentials, so
         # they never show in plans, the UI or the event log.
-        "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|sasl[.]jaas[.]config|connection_string",
+        "spark.redaction.regex": (
+            r"(?i)secret|password|token|access[.]?key|account[.]key|sasl[.]jaas[.]config|connection_string"
+        ),
         # G1's concurrent work competes with the tasks for the few cores a local driver has:
         # the parallel collector measured 15-35% faster on the compaction's sort and shuffle.
         "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",

@@ -9,6 +9,6 @@ fi
 command -v java >/dev/null || { echo "java not found: install a JDK 17+ (apt-get install openjdk-17-jdk-headless)" >&2; exit 1; }
 command -v mvn >/dev/null || { echo "mvn not found: install Maven (apt-get install maven)" >&2; exit 1; }
 rm -rf "$out" && mkdir -p "$out"
-echo "fetching Spark jars (iceberg-spark-runtime, iceberg-aws-bundle, sqlite-jdbc, postgresql, spark-sql-kafka) with Maven into $out" >&2
+echo "fetching Spark jars (iceberg-spark-runtime, iceberg-aws-bundle, iceberg-azure-bundle, sqlite-jdbc, postgresql, spark-sql-kafka) with Maven into $out" >&2
 mvn -q -B -s infra/maven-settings.xml -f infra/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/$out" -DincludeScope=runtime
 touch "$out/.stamp"

@@ -8,6 +8,14 @@ resource), `namespaces/eventhubs` (`partitionCount`, `retentionDescription`) and
 "Compact"` with `tombstoneRetentionTimeInHours`; the service ignores `retentionTimeInHours`
 for a compacted hub, so it is set only on a hub without compaction (`Delete`), from the
 table's log retention. Every table is checked against its tier first (`ledger.validate`).
+
+The same template holds the storage the job keeps on Azure (`storage`): an ADLS Gen2
+account (`Microsoft.Storage/storageAccounts` 2023-05-01, `isHnsEnabled`), a container for
+the warehouse and one for the Event Hubs checkpoints, and a user-assigned managed identity
+for the job (`Microsoft.ManagedIdentity` 2023-01-31) given the built-in roles Storage Blob
+Data Contributor on the account and Azure Event Hubs Data Receiver on the namespace
+(`Microsoft.Authorization/roleAssignments` 2022-04-01). Its outputs are the warehouse URI
+and the identity's client id, for `catalog.warehouse` and `AZURE_CLIENT_ID`.
 """
 
 from __future__ import annotations
@@ -131,4 +139,88 @@ def template(settings: Settings, partitions: int = 4) -> dict[str, Any]:
                     "properties": {},
                 }
             )
-    return {"$schema": SCHEMA, "contentVersion": "1.0.0.0", "parameters": parameters, "resources": resources}
+    more, held, outputs = storage()
+    return {
+        "$schema": SCHEMA,
+        "contentVersion": "1.0.0.0",
+        "parameters": parameters | more,
+        "resources": resources + held,
+        "outputs": outputs,
+    }
+
+
+STORAGE_API, IDENTITY_API, ROLE_API = "2023-05-01", "2023-01-31", "2022-04-01"
+BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+EVENTHUBS_DATA_RECEIVER = "a638d3c7-ab3a-418d-83e6-5f17a39d4fde"
+ACCOUNT = "parameters('storageAccountName')"
+ROLE_DEFINITIONS, DFS_HOST = "'Microsoft.Authorization/roleDefinitions'", ".dfs.core.windows.net"
+
+
+def storage() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """The storage account, its containers, the job's identity and its role assignments (the
+    module docstring): their parameters, resources and outputs."""
+    account_id = f"resourceId('Microsoft.Storage/storageAccounts', {ACCOUNT})"
+    identity_id = "resourceId('Microsoft.ManagedIdentity/userAssignedIdentities', parameters('identityName'))"
+    principal = f"[reference({identity_id}, '{IDENTITY_API}').principalId]"
+    parameters = {
+        "storageAccountName": {"type": "string", "metadata": {"description": "the ADLS Gen2 account"}},
+        "warehouseContainer": {"type": "string", "defaultValue": "lake"},
+        "checkpointContainer": {"type": "string", "defaultValue": "checkpoints"},
+        "identityName": {"type": "string", "defaultValue": "cdclake"},
+    }
+    resources: list[dict[str, Any]] = [
+        {
+            "type": "Microsoft.Storage/storageAccounts",
+            "apiVersion": STORAGE_API,
+            "name": f"[{ACCOUNT}]",
+            "location": "[parameters('location')]",
+            "kind": "StorageV2",
+            "sku": {"name": "Standard_LRS"},
+            "properties": {
+                "isHnsEnabled": True,
+                "minimumTlsVersion": "TLS1_2",
+                "allowBlobPublicAccess": False,
+                "supportsHttpsTrafficOnly": True,
+            },
+        },
+        *[
+            {
+                "type": "Microsoft.Storage/storageAccounts/blobServices/containers",
+                "apiVersion": STORAGE_API,
+                "name": f"[concat({ACCOUNT}, '/default/', parameters('{container}'))]",
+                "dependsOn": [f"[{account_id}]"],
+                "properties": {"publicAccess": "None"},
+            }
+            for container in ("warehouseContainer", "checkpointContainer")
+        ],
+        {
+            "type": "Microsoft.ManagedIdentity/userAssignedIdentities",
+            "apiVersion": IDENTITY_API,
+            "name": "[parameters('identityName')]",
+            "location": "[parameters('location')]",
+        },
+    ]
+    namespace_id = f"resourceId('Microsoft.EventHub/namespaces', {NS})"
+    for role, scope_id in ((BLOB_DATA_CONTRIBUTOR, account_id), (EVENTHUBS_DATA_RECEIVER, namespace_id)):
+        resources.append(
+            {
+                "type": "Microsoft.Authorization/roleAssignments",
+                "apiVersion": ROLE_API,
+                "name": f"[guid({scope_id}, parameters('identityName'), '{role}')]",
+                "scope": f"[{scope_id}]",
+                "dependsOn": [f"[{scope_id}]", f"[{identity_id}]"],
+                "properties": {
+                    "roleDefinitionId": f"[subscriptionResourceId({ROLE_DEFINITIONS}, '{role}')]",
+                    "principalId": principal,
+                    "principalType": "ServicePrincipal",
+                },
+            }
+        )
+    outputs: dict[str, Any] = {
+        "warehouse": {
+            "type": "string",
+            "value": f"[concat('abfss://', parameters('warehouseContainer'), '@', {ACCOUNT}, '{DFS_HOST}/cdc')]",
+        },
+        "identityClientId": {"type": "string", "value": f"[reference({identity_id}, '{IDENTITY_API}').clientId]"},
+    }
+    return parameters, resources, outputs

@@ -23,9 +23,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 TABLES = ("customers", "orders", "products")
 
 
-def cli(work: Path, events: Path, *args: str, crash: str | None = None) -> int:
+def cli(work: Path, events: Path, *args: str, crash: str | None = None, env_extra: dict | None = None) -> int:
     env = {
         **os.environ,
+        **(env_extra or {}),
         "CDCLAKE_WORK_DIR": str(work),
         "CDCLAKE_SOURCE__PATH": str(events),
         "CDCLAKE_SOURCE__BATCH_SIZE": "4",
@@ -39,8 +40,8 @@ def cli(work: Path, events: Path, *args: str, crash: str | None = None) -> int:
     ).returncode
 
 
-def snapshot_of(work: Path) -> dict[str, list]:
-    catalog = load_catalog(load_settings(work_dir=work))
+def snapshot_of(work: Path, **catalog_settings) -> dict[str, list]:
+    catalog = load_catalog(load_settings(work_dir=work, **({"catalog": catalog_settings} if catalog_settings else {})))
     out = {}
     for _, name in catalog.list_tables("cdc"):
         rows = catalog.load_table(f"cdc.{name}").scan().to_arrow().to_pylist()
@@ -82,3 +83,39 @@ def test_compaction_crash_then_rerun_equals_one_clean_run(reference, tmp_path, c
     for t in TABLES:
         assert got[t] == expected[t], t
         assert got.get(f"{t}__tombstones") == expected.get(f"{t}__tombstones"), t
+
+
+@pytest.mark.azurite
+def test_crashes_on_an_azure_warehouse_then_reruns_equal_one_clean_run(reference, azurite, tmp_path):
+    """The same kills on a warehouse on Azurite (`abfs://`, the connection string from the
+    environment), whose tables then equal the local clean run's; the account key reaches the
+    job's Spark (ADLSFileIO's shared key) and never its event log."""
+    from azure.storage.blob import BlobServiceClient
+
+    from tests.conftest import AZURITE_KEY
+
+    events, expected = reference
+    container = f"crash{tmp_path.name[-6:].replace('_', '-').lower()}"
+    BlobServiceClient.from_connection_string(azurite).create_container(container)
+    warehouse = f"abfs://{container}@devstoreaccount1.dfs.core.windows.net/cdc"
+    logs = tmp_path / "spark-events"
+    logs.mkdir()
+    env = {
+        "CDCLAKE_CATALOG__WAREHOUSE": warehouse,
+        "CDCLAKE_CATALOG__AZURE__CONNECTION_STRING": azurite,
+        "CDCLAKE_SPARK__CONF": f'{{"spark.eventLog.enabled": "true", "spark.eventLog.dir": "{logs.as_uri()}", '
+        '"spark.eventLog.compress": "false"}',
+    }
+    assert cli(tmp_path, events, "ingest", crash="ingest.after-commit:3", env_extra=env) == -signal.SIGKILL
+    assert cli(tmp_path, events, "ingest", env_extra=env) == 0
+    assert (
+        cli(tmp_path, events, "compact", "--force", crash="compact.after-tombstones", env_extra=env) == -signal.SIGKILL
+    )
+    assert cli(tmp_path, events, "compact", "--force", env_extra=env) == 0
+    got = snapshot_of(tmp_path, warehouse=warehouse, azure={"connection_string": azurite})
+    for t in TABLES:
+        for name in (t, f"{t}__tombstones", f"{t}__log"):
+            assert got.get(name) == expected.get(name), name
+    assert not (tmp_path / "warehouse").exists()
+    text = "".join(p.read_text(errors="replace") for p in logs.rglob("*") if p.is_file())
+    assert "adls.auth.shared-key.account.key" in text and AZURITE_KEY not in text

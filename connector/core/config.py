@@ -21,6 +21,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 from pydantic_settings.exceptions import SettingsError
@@ -30,6 +31,31 @@ from connector.core.records import MAX_TABLE_NAME_LENGTH
 from connector.core.source_config import FileSourceConfig, Section, SourceConfig
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("cdclake_config_file", default=None)
+
+
+class AzureStorageConfig(Section):
+    """How the job reaches a warehouse on Azure (`abfss://<container>@<account>.dfs.core.windows.net/<path>`):
+    at most one of these; none, `DefaultAzureCredential` (a managed or workload identity, the
+    `AZURE_*` variables of a service principal, `az login`)."""
+
+    connection_string: SecretStr | None = Field(
+        None,
+        description="the storage account's connection string (CDCLAKE_CATALOG__AZURE__CONNECTION_STRING); "
+        "its BlobEndpoint, where it has one, is the endpoint used",
+    )
+    account_key: SecretStr | None = Field(
+        None, description="the storage account's key (CDCLAKE_CATALOG__AZURE__ACCOUNT_KEY)"
+    )
+    sas_token: SecretStr | None = Field(
+        None, description="a SAS token for the container (CDCLAKE_CATALOG__AZURE__SAS_TOKEN)"
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> AzureStorageConfig:
+        given = [k for k in ("connection_string", "account_key", "sas_token") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of {', '.join(given)}, not {len(given)}")
+        return self
 
 
 class CatalogConfig(Section):
@@ -63,6 +89,21 @@ class CatalogConfig(Section):
         default_factory=dict,
         description="FileIO properties for pyiceberg and Spark's catalog alike (s3.endpoint, s3.access-key-id, ...)",
     )
+    azure: AzureStorageConfig = AzureStorageConfig()
+
+    @model_validator(mode="after")
+    def _azure_warehouse(self) -> CatalogConfig:
+        azure = re.match(r"^abfss?://", self.warehouse or "")
+        if azure and not re.match(r"^abfss?://[^@/]+@[^@/.]+\.[^@/]+(/.*)?$", self.warehouse or ""):
+            raise ValueError(
+                f"warehouse {self.warehouse!r}: give abfss://<container>@<account>.dfs.core.windows.net/<path>"
+            )
+        if self.azure.model_fields_set and not (self.warehouse or "").startswith(("abfs://", "abfss://")):
+            raise ValueError(
+                "catalog.azure is for a warehouse on Azure: set catalog.warehouse to "
+                "abfss://<container>@<account>.dfs.core.windows.net/<path>"
+            )
+        return self
 
 
 class CompactionConfig(Section):
@@ -123,9 +164,9 @@ class MaintenanceConfig(Section):
     )
     orphan_age_hours: float = Field(
         24.0,
-        gt=0.0,
+        ge=24.0,
         description="with each expiry, remove files no snapshot refers to that are older than this "
-        "(what failed or killed writes left); must exceed the longest write",
+        "(what failed or killed writes left); must exceed the longest write, and Iceberg refuses less than 24",
     )
 
 

@@ -155,6 +155,45 @@ def test_checkpoints_are_mirrored_to_blob_storage(settings, tmp_path, azurite):
     assert got == {"0": (2, "240"), "1": (5, "4294967296")}
 
 
+@pytest.mark.azurite
+@pytest.mark.spark
+def test_the_checkpoints_and_the_warehouse_share_one_storage_account(spark, settings, tmp_path, azurite):
+    """The checkpoint store and the warehouse (`abfs://`, through ADLSFileIO and adlfs) in
+    two containers of one Azurite account, with one connection string."""
+    from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
+    from azure.storage.blob import BlobServiceClient
+
+    from connector.core.config import AzureStorageConfig
+
+    service = BlobServiceClient.from_connection_string(azurite)
+    container = f"ehlake{tmp_path.name[-6:].replace('_', '-').lower()}"
+    for name in (container, container + "-checkpoints"):
+        service.create_container(name)
+    s = eh_settings(
+        settings, tmp_path, checkpoint_connection_string=azurite, checkpoint_container=container + "-checkpoints"
+    )
+    lake = s.catalog.model_copy(
+        update={
+            "name": "ehlake",
+            "warehouse": f"abfs://{container}@devstoreaccount1.dfs.core.windows.net/cdc",
+            "azure": AzureStorageConfig(connection_string=azurite),
+        }
+    )
+    on_azure = s.model_copy(update={"catalog": lake})
+    try:
+        run_ingest(on_azure)
+        assert log_rows(on_azure) == EXPECTED
+        run_compaction(on_azure, force=True)
+    finally:
+        spark.conf.set("spark.sql.defaultCatalog", settings.catalog.name)
+    assert offsets_by_key(on_azure, names(on_azure, "orders").state) == {'{"id":2}': "4294967296"}
+    assert any(service.get_container_client(container).list_blobs(name_starts_with="cdc/"))
+    store = BlobCheckpointStore.from_connection_string(azurite, container + "-checkpoints")
+    got = {c["partition_id"]: c["sequence_number"] for c in store.list_checkpoints(
+        "cdclake-test.servicebus.windows.net", "pg.inventory.orders", "$Default")}  # fmt: skip
+    assert got == {"0": 2, "1": 5}
+
+
 def test_blob_storage_down_does_not_hold_ingest_up(settings, tmp_path):
     """Mirroring the checkpoint is best effort: with nothing listening where the blob store
     should be, an update gives up within the store's timeouts, skips the batch's other

@@ -14,13 +14,29 @@ from connector.core.config import load_settings
 from quotas.errors import QuotaConfigError
 from quotas.eventhubs_template import template
 
-# The writable properties this template may use, as the 2024-01-01 reference documents them.
+# The writable properties this template may use, as the references of these API versions
+# document them (Microsoft.EventHub 2024-01-01, Microsoft.Storage 2023-05-01,
+# Microsoft.ManagedIdentity 2023-01-31, Microsoft.Authorization 2022-04-01).
 DOCUMENTED = {
     "Microsoft.EventHub/clusters": {"name", "location", "sku", "type", "apiVersion"},
     "Microsoft.EventHub/namespaces": {"name", "location", "sku", "properties", "type", "apiVersion", "dependsOn"},
     "Microsoft.EventHub/namespaces/eventhubs": {"name", "properties", "type", "apiVersion", "dependsOn"},
     "Microsoft.EventHub/namespaces/eventhubs/consumergroups": {"name", "properties", "type", "apiVersion", "dependsOn"},
+    "Microsoft.Storage/storageAccounts": {"name", "location", "kind", "sku", "properties", "type", "apiVersion"},
+    "Microsoft.Storage/storageAccounts/blobServices/containers": {
+        "name",
+        "properties",
+        "type",
+        "apiVersion",
+        "dependsOn",
+    },  # fmt: skip
+    "Microsoft.ManagedIdentity/userAssignedIdentities": {"name", "location", "type", "apiVersion"},
+    "Microsoft.Authorization/roleAssignments": {"name", "scope", "properties", "type", "apiVersion", "dependsOn"},
 }
+API_VERSIONS = {"Microsoft.EventHub": "2024-01-01", "Microsoft.Storage": "2023-05-01"}
+API_VERSIONS |= {"Microsoft.ManagedIdentity": "2023-01-31", "Microsoft.Authorization": "2022-04-01"}
+ACCOUNT_PROPERTIES = {"isHnsEnabled", "minimumTlsVersion", "allowBlobPublicAccess", "supportsHttpsTrafficOnly"}
+ROLE_PROPERTIES = {"roleDefinitionId", "principalId", "principalType"}
 NAMESPACE_PROPERTIES = {"kafkaEnabled", "clusterArmId", "disableLocalAuth", "minimumTlsVersion", "zoneRedundant"}
 HUB_PROPERTIES = {"partitionCount", "retentionDescription", "messageRetentionInDays", "status", "captureDescription"}
 RETENTION = {"cleanupPolicy", "retentionTimeInHours", "tombstoneRetentionTimeInHours"}
@@ -50,13 +66,18 @@ def _by_type(t: dict) -> dict[str, list[dict]]:
 def _documented_only(t: dict) -> None:
     assert t["$schema"].endswith("deploymentTemplate.json#")
     for r in t["resources"]:
-        assert r["apiVersion"] == "2024-01-01"
+        assert r["apiVersion"] == API_VERSIONS[r["type"].split("/")[0]]
         assert set(r) <= DOCUMENTED[r["type"]], r
         if r["type"] == "Microsoft.EventHub/namespaces":
             assert set(r["properties"]) <= NAMESPACE_PROPERTIES
         if r["type"] == "Microsoft.EventHub/namespaces/eventhubs":
             assert set(r["properties"]) <= HUB_PROPERTIES
             assert set(r["properties"]["retentionDescription"]) <= RETENTION
+        if r["type"] == "Microsoft.Storage/storageAccounts":
+            assert set(r["properties"]) <= ACCOUNT_PROPERTIES
+        if r["type"] == "Microsoft.Authorization/roleAssignments":
+            assert set(r["properties"]) <= ROLE_PROPERTIES
+    assert set(t["outputs"]) == {"warehouse", "identityClientId"}
 
 
 def test_one_hub_per_topic_with_its_tables_settings():
@@ -141,3 +162,34 @@ def test_the_cli_writes_the_template(tmp_path, monkeypatch):
         app, ["infra", "eventhubs", "-c", str(config)], env={"CDCLAKE_QUOTAS__DEFAULT_TIER": "basic"}
     )
     assert refused.exit_code == 1 and "compaction is not supported on the basic tier" in refused.output
+
+
+def test_the_job_s_storage_and_identity_come_with_the_namespace():
+    """An ADLS Gen2 account (hierarchical namespace on) with a container for the warehouse
+    and one for the checkpoints, and the job's managed identity with the built-in roles to
+    write the one and read the hubs."""
+    t = template(_settings({}))
+    _documented_only(t)
+    kinds = _by_type(t)
+    (account,) = kinds["Microsoft.Storage/storageAccounts"]
+    assert account["properties"]["isHnsEnabled"] is True and account["kind"] == "StorageV2"
+    containers = [r["name"] for r in kinds["Microsoft.Storage/storageAccounts/blobServices/containers"]]
+    assert [c.split("parameters('")[-1].split("'")[0] for c in containers] == [
+        "warehouseContainer",
+        "checkpointContainer",
+    ]
+    assert {t["parameters"][p]["defaultValue"] for p in ("warehouseContainer", "checkpointContainer")} == {
+        "lake", "checkpoints"
+    }  # fmt: skip
+    roles = {
+        r["properties"]["roleDefinitionId"].split("'")[-2]: r["scope"]
+        for r in kinds["Microsoft.Authorization/roleAssignments"]
+    }
+    account_id = "resourceId('Microsoft.Storage/storageAccounts', parameters('storageAccountName'))"
+    namespace_id = "resourceId('Microsoft.EventHub/namespaces', parameters('namespaceName'))"
+    assert roles == {
+        "ba92f5b4-2d11-453d-a403-e96b0029c9fe": f"[{account_id}]",  # Storage Blob Data Contributor
+        "a638d3c7-ab3a-418d-83e6-5f17a39d4fde": f"[{namespace_id}]",  # Azure Event Hubs Data Receiver
+    }
+    assert all("principalId" in r["properties"] for r in kinds["Microsoft.Authorization/roleAssignments"])
+    assert ".dfs.core.windows.net/cdc" in t["outputs"]["warehouse"]["value"]
