@@ -5,8 +5,9 @@ event), each live key's and each tombstone's winning event (the reader's value b
 recomputation of `verify` and `rebuild`) with the event whose source position it took (a
 bare tombstone's delete), and every truncate (it removes older keys on recomputation).
 The rest older than the cut-off is removed by a row delete, once the files whose
-`enqueued_time` bounds say they may hold old rows hold more rows than the state and
-tombstones (the most the keys keep): a steady stream trims in batches, not each round.
+`enqueued_time` bounds say they may hold old rows hold more than twice the rows of the
+state and tombstones (the most the keys keep): a steady stream trims in batches, not each
+round.
 Dead letters older than the cut-off go too. The log's trimming commit records the cut-off
 (`summary_keys.TRIMMED_BEFORE`).
 """
@@ -45,10 +46,12 @@ def _older(cutoff: datetime) -> BooleanExpression:
 
 def log_due(catalog: Catalog, names: TableNames, points: dict[str, int], cutoff: datetime) -> bool:
     """The trigger of the log's trim: the files that may hold rows older than `cutoff` (by
-    their bounds in the manifests) hold more rows than the state and tombstones hold live."""
+    their bounds in the manifests) hold more rows than the keys may keep: two a live row or
+    tombstone of the state and tombstones (its winning event, and the one whose position it
+    took), so a trim leaves the trigger unmet."""
     scan = catalog.load_table(names.log).scan(row_filter=_older(cutoff))
     may = sum(t.file.record_count for t in scan.plan_files())
-    return bool(points) and may > sum(_rows(catalog, t) for t in (names.state, names.tombstones))
+    return bool(points) and may > 2 * sum(_rows(catalog, t) for t in (names.state, names.tombstones))
 
 
 def dead_letters_due(catalog: Catalog, names: TableNames, cutoff: datetime) -> bool:
