@@ -112,11 +112,7 @@ def ingest(
     compacted once the other partitions are caught up, and the run resumes; it raises when
     a paused partition made no progress.
     """
-    run = _Run(spark, job, Sinks(job.catalog, job.namespace, job.lease))
-    try:
-        return _ingest(source, run, max_records, make_room)
-    finally:
-        run.sinks.close()
+    return _ingest(source, _Run(spark, job, Sinks(job.catalog, job.namespace, job.lease)), max_records, make_room)
 
 
 def _ingest(

@@ -1,11 +1,12 @@
 """The log and dead-letter tables an ingest run writes, and its fenced commits.
 
 One writer per table: each commit is conditional on the table's `main` being where the run
-read its positions. The batch's data files are appended to the run's own branch, made at
-that snapshot; `main` moves to the branch head only if no other commit came in between (a
-pyiceberg ref update, which asserts `main` and is not retried). A commit in between that
-moved the positions (another ingest) stops the run with `ConcurrentWriterError` naming the
-other writer; one that did not (maintenance) is retried on top of it.
+read its positions. The batch's snapshot is built on the metadata the run holds, and its
+commit asserts `main` is still there (pyiceberg's append asserts its branch's head; its own
+retry on top of a newer `main` is off for these commits: `compat.without_retries`), one
+catalog write per table and batch. A commit in between that moved the positions (another
+ingest) stops the run with `ConcurrentWriterError` naming the other writer; one that did
+not (maintenance) is retried on top of it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -38,7 +38,6 @@ from iceberg.summary_keys import POSITIONS, WRITER
 log = logging.getLogger(__name__)
 
 COMMIT_ATTEMPTS = 8  # commits that did not move the positions (maintenance) retried over
-BRANCH_AGE_MS = 24 * 3600 * 1000  # a run's branch left behind by a crash expires after this
 
 
 class Sinks:
@@ -50,11 +49,8 @@ class Sinks:
         self.tables: dict[str, Table] = {}
         self.positions: dict[str, dict[str, int]] = {}
         self.writer = f"ingest on {socket.gethostname()} pid {os.getpid()}"
-        self.branch = f"cdclake-ingest-{uuid.uuid4().hex[:12]}"
-        self.branched: set[str] = set()
-        for _, name in catalog.list_tables(namespace):
-            if name.endswith((LOG_SUFFIX, DEAD_LETTERS_SUFFIX)):
-                self._load(name)
+        names = [name for _, name in catalog.list_tables(namespace) if name.endswith((LOG_SUFFIX, DEAD_LETTERS_SUFFIX))]
+        at_once([functools.partial(self._load, name) for name in names])
 
     def _load(self, name: str) -> Table:
         table = upgrade(self.catalog.load_table((self.namespace, name)), _layout(name))
@@ -74,10 +70,12 @@ class Sinks:
             return self._load(name)
         except NoSuchTableError:
             crash_point("ingest.create-table")
-            try:
-                self.catalog.create_table((self.namespace, name), schema=_layout(name), location=self.location(name))
+            try:  # created with its first snapshot, so every commit is conditional on one: one catalog write
+                identifier, layout = (self.namespace, name), _layout(name)
+                with self.catalog.create_table_transaction(identifier, layout, self.location(name)) as tx:
+                    tx.append(layout.empty_table(), snapshot_properties=self._props(None))
                 log.info("created table %s.%s", self.namespace, name)
-            except TableAlreadyExistsError:
+            except (TableAlreadyExistsError, CommitFailedException):
                 pass  # another process created it first
             return self._load(name)
 
@@ -125,67 +123,41 @@ class Sinks:
         """Commit data files a stage wrote (`connector.stage`, described) with `positions`
         (merged with what the table holds) and `record` in the same snapshot."""
 
-        def write(props: Mapping[str, str]) -> None:
+        def write(table: Table, props: Mapping[str, str]) -> None:
             with _as_conflict():
-                table = self.catalog.load_table((self.namespace, name))
-                commit_data_files(table, written, {**props, **(record or {})}, self.branch)
+                commit_data_files(table, written, {**props, **(record or {})}, "main")
 
         self._commit(name, positions, write)
 
     def record(self, name: str, positions: Mapping[str, int]) -> None:
         """Commit `positions` (merged with what the table holds) without rows."""
 
-        def write(props: Mapping[str, str]) -> None:
-            table = self.catalog.load_table((self.namespace, name))
-            _append(table, props, self.branch)
+        def write(table: Table, props: Mapping[str, str]) -> None:
+            _append(table, props, "main")
 
         self._commit(name, positions, write)
 
-    def _commit(self, name: str, positions: Mapping[str, int], write: Callable[[Mapping[str, str]], None]) -> None:
-        """`write` a snapshot with `positions` (merged with what the table holds) to the run's
-        branch, made at `main`; then move `main` to it, if `main` has not moved meanwhile."""
+    def _commit(
+        self, name: str, positions: Mapping[str, int], write: Callable[[Table, Mapping[str, str]], None]
+    ) -> None:
+        """`write` a snapshot with `positions` (merged with what the table holds) on the table
+        as the run read it; the commit fails if `main` moved meanwhile (the module docstring)."""
         for _ in range(COMMIT_ATTEMPTS):
             if self.lease is not None:  # stop before committing if the lease was taken over
                 self.lease.renew()
-            base = self.tables[name].current_snapshot()
-            assert base is not None  # `_load` gives every table a first snapshot
+            table = compat.without_retries(self.tables[name])
             try:
-                self.tables[name].manage_snapshots().create_branch(
-                    base.snapshot_id, self.branch, max_ref_age_ms=BRANCH_AGE_MS
-                ).commit()
+                write(table, self._props(self._merged(name, positions)))
             except CommitFailedException:  # another commit came in between
                 self._moved(name)
                 continue
-            self.branched.add(name)
-            try:
-                write(self._props(self._merged(name, positions)))
-            except CommitFailedException:  # another commit came in between
-                self._moved(name)
-                continue
-            crash_point("ingest.before-publish")  # the snapshot is on the run's branch, not in the table
-            if self._publish(name, base.snapshot_id):
-                crash_point("ingest.after-commit")
-                self._load(name)
-                return
+            crash_point("ingest.after-commit")
+            self.tables[name], self.positions[name] = table, committed_positions(table)
+            return
         raise ConcurrentWriterError(
             f"table {self.namespace}.{name}: other commits came in between each of {COMMIT_ATTEMPTS} attempts "
             "to commit a batch; nothing of it was committed. Rerun: it resumes where the tables are"
         )
-
-    def _publish(self, name: str, base: int) -> bool:
-        """Move `main` to the run's branch if `main` is still at `base`; False (and the table
-        reloaded) if a commit that did not move the positions came in between."""
-        table = self.catalog.load_table((self.namespace, name))
-        head = table.refs()[self.branch].snapshot_id
-        main, snapshot = table.current_snapshot(), table.snapshot_by_id(head)
-        if main and main.snapshot_id == base and snapshot and snapshot.parent_snapshot_id == base:
-            try:  # a ref update: pyiceberg does not retry it, and it asserts `main` is `base`
-                table.manage_snapshots().set_current_snapshot(snapshot_id=head).commit()
-                return True
-            except CommitFailedException:
-                pass
-        self._moved(name)
-        return False
 
     def _moved(self, name: str) -> None:
         """After a conflicting commit: reload the table; stop if its positions moved."""
@@ -202,18 +174,6 @@ class Sinks:
             "nothing of this batch was committed to it and this run stops. Run one ingest per table at a "
             "time; a rerun resumes where the tables are"
         )
-
-    def close(self) -> None:
-        """Remove the run's branch (best effort: a branch left behind expires with
-        `BRANCH_AGE_MS` at the next snapshot expiry)."""
-        for name in sorted(self.branched):
-            try:
-                table = self.catalog.load_table((self.namespace, name))
-                if self.branch in table.refs():
-                    table.manage_snapshots().remove_branch(self.branch).commit()
-            except Exception as e:  # noqa: BLE001 - cleanup only
-                log.debug("could not remove branch %s of %s: %s", self.branch, name, e)
-        self.branched.clear()
 
 
 @contextmanager

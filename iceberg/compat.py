@@ -29,7 +29,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 
 if TYPE_CHECKING:
-    from pyiceberg.table import DataScan, FileScanTask, Transaction
+    from pyiceberg.table import DataScan, FileScanTask, Table, Transaction
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
@@ -243,3 +243,20 @@ def raised_in_python_worker(e: BaseException, module: str) -> tuple[str, str] | 
     (the worker's traceback, ending `<module>.<Class>: <message>`)."""
     m = re.search(re.escape(module) + r"\.(\w+): ([^\n]*)", str(e))
     return (m.group(1), m.group(2)) if m else None
+
+
+def without_retries(table: Table) -> Table:
+    """`table` as it is, whose next commit pyiceberg does not retry: a conflict raises
+    `CommitFailedException` at once instead of rebuilding the snapshot on top of the newer
+    metadata. pyiceberg 0.12 takes the number of retries from `commit.retry.num-retries` of
+    the metadata the table object holds; this copy holds 0 (nothing is committed by it)."""
+    from pyiceberg.table import Table as IcebergTable
+
+    properties = {**table.metadata.properties, "commit.retry.num-retries": "0"}
+    return IcebergTable(
+        table.name(),
+        table.metadata.model_copy(update={"properties": properties}),
+        table.metadata_location,
+        table.io,
+        table.catalog,
+    )

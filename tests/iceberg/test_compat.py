@@ -173,6 +173,20 @@ def test_a_snapshot_on_moved_metadata_is_told_by_its_error_text(catalog):
     assert not compat.is_stale_snapshot(ValueError("another problem"))
 
 
+def test_a_commit_without_retries_fails_where_main_moved_and_pyiceberg_would_retry_it(catalog):
+    from pyiceberg.exceptions import CommitFailedException
+
+    table = catalog.create_table(("ns", "r"), schema=pa.schema([("x", pa.int64())]))
+    table.append(pa.table({"x": [1]}))
+    stale, retried = catalog.load_table(("ns", "r")), catalog.load_table(("ns", "r"))
+    catalog.load_table(("ns", "r")).append(pa.table({"x": [2]}))  # another commit moves `main`
+    with contract("commit.retry.num-retries of the held metadata, read by the client's retry", "pyiceberg"):
+        with pytest.raises(CommitFailedException):
+            compat.without_retries(stale).append(pa.table({"x": [3]}))
+        retried.append(pa.table({"x": [4]}))  # pyiceberg's own: rebuilt on top of the newer `main`
+    assert sorted(catalog.load_table(("ns", "r")).scan().to_arrow()["x"].to_pylist()) == [1, 2, 4]
+
+
 def test_where_the_sinks_put_a_table_is_where_pyiceberg_puts_one_created_without_a_location(catalog, tmp_path):
     """Public API replaced `_resolve_table_location`; this is that the two still agree."""
     sinks = Sinks(catalog, "ns")
