@@ -1,8 +1,17 @@
-"""The one catalog shared by pyiceberg (`SqlCatalog`) and Spark (Iceberg `JdbcCatalog`).
+"""The one catalog shared by pyiceberg and Spark.
 
-Both read and write the same `iceberg_tables` rows in the same database (a SQLite file by
-default, PostgreSQL in production), scoped by the same catalog name, so a table either
-side writes is visible to the other.
+`type = "sql"`: pyiceberg's `SqlCatalog` and Iceberg's `JdbcCatalog` read and write the same
+`iceberg_tables` rows in the same database (a SQLite file by default, PostgreSQL in
+production), scoped by the same catalog name, so a table either side writes is visible to
+the other. `type = "rest"`: pyiceberg's `RestCatalog` and Iceberg's `RESTCatalog` on the
+same server.
+
+The one-writer leases (`iceberg.leases`) are rows of a SQL database: the SQL catalog's own,
+or for a REST catalog `catalog.leases_uri` (the catalog's `lease_engine`). A lease takes an
+insert that fails on a held key and a renewal conditional on its holder, one statement
+each on any SQL database; a REST catalog offers no such write (a table commit is
+conditional, but each renewal would be a snapshot), and the stores' own (Azure Blob
+leases, S3 conditional writes, a file on local disk) would be three to keep and test.
 """
 
 from __future__ import annotations
@@ -10,9 +19,10 @@ from __future__ import annotations
 import tempfile
 from typing import TYPE_CHECKING
 
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
-from sqlalchemy import make_url, select
+from sqlalchemy import Engine, create_engine, make_url, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -29,6 +39,10 @@ class TableUnreadableError(ConnectorError):
 
 class Catalog(SqlCatalog):
     """pyiceberg's SQL catalog; a table whose metadata file cannot be read is one clear error."""
+
+    @property
+    def lease_engine(self) -> Engine:
+        return self.engine
 
     def load_table(self, identifier):  # type: ignore[no-untyped-def]
         try:
@@ -56,7 +70,15 @@ class Catalog(SqlCatalog):
             ) from None
 
 
-def load_catalog(settings: Settings) -> SqlCatalog:
+class RestCatalogWithLeases(RestCatalog):
+    """pyiceberg's REST catalog, with the database of the leases."""
+
+    def __init__(self, name: str, lease_uri: str, **properties: str):
+        super().__init__(name, **properties)
+        self.lease_engine = create_engine(lease_uri)
+
+
+def load_catalog(settings: Settings) -> Catalog | RestCatalogWithLeases:
     """The pyiceberg catalog, with the namespace created if missing.
 
     Raises ConfigError when the work directory cannot be written."""
@@ -71,18 +93,34 @@ def load_catalog(settings: Settings) -> SqlCatalog:
             f"work_dir {str(settings.root)!r} cannot be written ({e.strerror or e}): set work_dir "
             "(or CDCLAKE_WORK_DIR) to a writable directory"
         ) from None
+    catalog: Catalog | RestCatalogWithLeases
     for attempt in (1, 2):
         try:
-            catalog = Catalog(
-                settings.catalog.name,
-                uri=sqlalchemy_uri(settings),
-                warehouse=settings.warehouse,
-                **storage_properties(settings),
-            )
+            if settings.catalog.type == "rest":
+                catalog = RestCatalogWithLeases(
+                    settings.catalog.name,
+                    sqlalchemy_uri(settings, settings.leases_uri),
+                    **rest_properties(settings),
+                    warehouse=settings.warehouse,
+                    **storage_properties(settings),
+                )
+            else:
+                catalog = Catalog(
+                    settings.catalog.name,
+                    uri=sqlalchemy_uri(settings, settings.catalog_uri),
+                    warehouse=settings.warehouse,
+                    **storage_properties(settings),
+                )
             break
         except OperationalError:  # two processes made a new catalog's tables at once: they are there now
             if attempt == 2:
                 raise
+        except OSError as e:  # a REST catalog that does not answer (requests' errors are OSErrors)
+            why = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            raise ConnectorError(
+                f"the REST catalog at {settings.catalog.uri} cannot be reached ({type(e).__name__}: {why}); "
+                "check catalog.uri and that the server runs"
+            ) from None
     try:
         catalog.create_namespace(settings.catalog.namespace)
     except NamespaceAlreadyExistsError:
@@ -115,17 +153,38 @@ def storage_properties(settings: Settings, spark: bool = False) -> dict[str, str
     return props
 
 
-def sqlalchemy_uri(settings: Settings) -> str:
-    """The catalog's SQLAlchemy URI for pyiceberg, with the password and, for PostgreSQL, the
-    connect and statement timeouts (never logged: it holds the password)."""
-    url = make_url(settings.catalog_uri)
+def rest_properties(settings: Settings) -> dict[str, str]:
+    """A REST catalog's `uri`, `credential`, `token` and `oauth2-server-uri`, as pyiceberg's
+    RestCatalog and Iceberg's RESTCatalog both name them (they hold secrets: never logged)."""
+    c = settings.catalog
+    props = {"uri": c.uri or ""}
+    for key, secret in (("credential", c.credential), ("token", c.token)):
+        if secret is not None:
+            props[key] = secret.get_secret_value()
+    if c.oauth2_server_uri:
+        props["oauth2-server-uri"] = c.oauth2_server_uri
+    return props
+
+
+def sqlalchemy_uri(settings: Settings, uri: str) -> str:
+    """A SQLAlchemy URI (the catalog's, the leases') for pyiceberg, with the password and, for
+    PostgreSQL, the connect and statement timeouts (never logged: it holds the password)."""
+    url = make_url(uri)
     if url.get_backend_name() != "postgresql":
-        return settings.catalog_uri
+        return uri
     if settings.catalog.password is not None:
         url = url.set(password=settings.catalog.password.get_secret_value())
     seconds = settings.catalog.timeout_seconds
     query = {"connect_timeout": str(max(1, round(seconds))), "options": f"-c statement_timeout={int(seconds * 1000)}"}
     return url.update_query_dict({**query, **url.query}).render_as_string(hide_password=False)
+
+
+def spark_catalog_properties(settings: Settings) -> dict[str, str]:
+    """Iceberg's catalog properties in Spark for the same catalog: a `RESTCatalog` on the same
+    server, else a `JdbcCatalog` on the same database (`jdbc_properties`)."""
+    if settings.catalog.type == "rest":
+        return {"type": "rest", **rest_properties(settings)}
+    return {"type": "jdbc", **jdbc_properties(settings), "jdbc.schema-version": "V1"}
 
 
 def jdbc_properties(settings: Settings) -> dict[str, str]:

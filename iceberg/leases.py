@@ -1,6 +1,7 @@
 """Leases: at most one holder of a role per table at a time (`compaction`; `ingest`, per
-namespace and source), enforced by the catalog's own database (SQLite or PostgreSQL, the
-JDBC catalog's).
+namespace and source), enforced by a SQL database (SQLite or PostgreSQL): the SQL
+catalog's own, or the one a REST catalog is given (`catalog.lease_engine`, the reason in
+`iceberg.catalog`).
 
 A lease is a row keyed by (catalog, table, role) in `cdclake_leases`; taking a held lease
 fails on the key. A lease lasts `ttl` seconds and its holder renews it as it works; one
@@ -19,10 +20,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from pyiceberg.catalog.sql import SqlCatalog
-from sqlalchemy import BigInteger, Column, MetaData, String, Table, and_, delete, insert, select, update
+from pyiceberg.catalog import Catalog
+from sqlalchemy import BigInteger, Column, Engine, MetaData, String, Table, and_, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from connector.core.errors import ConnectorError
@@ -49,6 +50,14 @@ class LeaseLostError(ConnectorError):
     """The lease ran out and another process took it: this one stops before committing."""
 
 
+def _engine(catalog: Catalog) -> Engine:
+    """The database of `catalog`'s leases (`lease_engine`; a plain SqlCatalog's own)."""
+    engine = getattr(catalog, "lease_engine", None) or getattr(catalog, "engine", None)
+    if engine is None:
+        raise TypeError(f"catalog {catalog.name}: no database for its leases")
+    return cast(Engine, engine)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -69,7 +78,7 @@ def _gone(holder: str) -> bool:
 
 @dataclass
 class Lease:
-    catalog: SqlCatalog
+    catalog: Catalog
     table: str
     role: str
     holder: str
@@ -83,7 +92,7 @@ class Lease:
 
     def renew(self) -> None:
         """Extend the lease; `LeaseLostError` if another process holds it now."""
-        with self.catalog.engine.begin() as conn:
+        with _engine(self.catalog).begin() as conn:
             done = conn.execute(
                 update(LEASES)
                 .where(self._key(), LEASES.c.holder == self.holder)
@@ -97,12 +106,12 @@ class Lease:
             )
 
     def release(self) -> None:
-        with self.catalog.engine.begin() as conn:
+        with _engine(self.catalog).begin() as conn:
             conn.execute(delete(LEASES).where(self._key(), LEASES.c.holder == self.holder))
 
 
 def acquire(
-    catalog: SqlCatalog, table: str, role: str, wait: float = 0.0, ttl: float = TTL_SECONDS, what: str | None = None
+    catalog: Catalog, table: str, role: str, wait: float = 0.0, ttl: float = TTL_SECONDS, what: str | None = None
 ) -> Lease:
     """The lease of `role` on `table` (`what` it covers, in errors: default `table <table>`),
     waiting up to `wait` seconds for its holder to finish; `LeaseHeldError` naming the holder
@@ -111,7 +120,7 @@ def acquire(
         table = table[:230] + "#" + hashlib.sha256(table.encode()).hexdigest()[:24]
     what = what or f"table {table}"
     try:
-        _META.create_all(catalog.engine, checkfirst=True)
+        _META.create_all(_engine(catalog), checkfirst=True)
     except (OperationalError, ProgrammingError):
         pass  # created by another process meanwhile
     since = datetime.now(UTC).isoformat(timespec="seconds")
@@ -125,10 +134,10 @@ def acquire(
     )
     deadline = time.monotonic() + wait
     while True:
-        with catalog.engine.begin() as conn:
+        with _engine(catalog).begin() as conn:
             conn.execute(delete(LEASES).where(lease._key(), LEASES.c.expires_ms < _now_ms()))
         try:
-            with catalog.engine.begin() as conn:
+            with _engine(catalog).begin() as conn:
                 conn.execute(
                     insert(LEASES).values(
                         catalog_name=catalog.name,
@@ -141,12 +150,12 @@ def acquire(
             return lease
         except IntegrityError:
             pass
-        with catalog.engine.begin() as conn:
+        with _engine(catalog).begin() as conn:
             row = conn.execute(select(LEASES.c.holder, LEASES.c.expires_ms).where(lease._key())).first()
         if row is None:
             continue  # released meanwhile
         if _gone(row.holder):
-            with catalog.engine.begin() as conn:
+            with _engine(catalog).begin() as conn:
                 conn.execute(delete(LEASES).where(lease._key(), LEASES.c.holder == row.holder))
             continue
         if time.monotonic() >= deadline:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from connector.core.errors import SetupError
-from iceberg.catalog import jdbc_properties, storage_properties
+from iceberg.catalog import spark_catalog_properties, storage_properties
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,12 +51,10 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.jars": ",".join(spark_jars(settings)),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         prefix: "org.apache.iceberg.spark.SparkCatalog",
-        f"{prefix}.type": "jdbc",
-        **{f"{prefix}.{k}": v for k, v in jdbc_properties(settings).items()},
+        **{f"{prefix}.{k}": v for k, v in spark_catalog_properties(settings).items()},
         f"{prefix}.warehouse": settings.warehouse,
         # pyiceberg commits to the same tables: always read the current metadata.
         f"{prefix}.cache-enabled": "false",
-        f"{prefix}.jdbc.schema-version": "V1",
         "spark.sql.defaultCatalog": name,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(settings.spark.shuffle_partitions),
@@ -69,7 +67,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Spark's default plus the options that carry Kafka, Event Hubs and Azure storage credentials, so
         # they never show in plans, the UI or the event log.
         "spark.redaction.regex": (
-            r"(?i)secret|password|token|access[.]?key|account[.]key|sasl[.]jaas[.]config|connection_string"
+            r"(?i)secret|password|token|credential|access[.]?key|account[.]key|sasl[.]jaas[.]config|connection_string"
         ),
         # G1's concurrent work competes with the tasks for the few cores a local driver has:
         # the parallel collector measured 15-35% faster on the compaction's sort and shuffle.

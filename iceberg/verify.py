@@ -166,7 +166,7 @@ def rebuild(
             "some of them may win, so the log no longer holds what a rebuild needs. Keep the ordering rule, or "
             "rebuild from a complete copy of the log"
         )
-    lease = leases.acquire(catalog, names.state, "compaction", wait)  # type: ignore[arg-type]
+    lease = leases.acquire(catalog, names.state, "compaction", wait)
     try:
         with recomputed(spark, catalog, names, policy, now) as scratch:
             _horizon(spark, names, report)

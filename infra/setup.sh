@@ -32,6 +32,7 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   fi
 fi
 .venv/bin/python infra/kafka_broker.py fetch >/dev/null   # broker jars for the Kafka tests
+.venv/bin/python infra/rest_catalog.py fetch >/dev/null   # Iceberg's REST catalog server for its tests
 # Azurite (Azure Blob emulator) for the checkpoint-store tests; 3.35 is the last for Node 20.
 if [ ! -x .cache/node/node_modules/.bin/azurite-blob ]; then
   npm install --prefix .cache/node --no-audit --no-fund --silent azurite@3.35.0

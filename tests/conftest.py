@@ -125,6 +125,15 @@ def s3(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def rest_catalog(tmp_path_factory):
+    """Iceberg's REST catalog server (infra/rest_catalog.py, Maven jars) on a free 127.0.0.1
+    port, a SQLite catalog and a local warehouse behind it."""
+    server = infra("rest_catalog").RestCatalogServer(tmp_path_factory.mktemp("rest")).start()
+    yield server
+    server.stop()
+
+
 AZURITE_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="  # public dev key
 )

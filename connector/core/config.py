@@ -60,26 +60,59 @@ class AzureStorageConfig(Section):
 
 class CatalogConfig(Section):
     name: str = Field("lake", description="catalog name, the same for pyiceberg and Spark")
+    type: Literal["sql", "rest"] = Field(
+        "sql",
+        description="sql: one database that pyiceberg's SqlCatalog and Spark's JdbcCatalog share; rest: an "
+        "Iceberg REST catalog (pyiceberg's RestCatalog, Spark's RESTCatalog)",
+    )
     uri: str | None = Field(
         None,
-        description="SQLAlchemy URI of the SQL catalog: sqlite:////abs/catalog.db (default <work_dir>/catalog.db) "
-        "or postgresql+psycopg://user@host:port/db, shared by pyiceberg and Spark's JdbcCatalog",
+        description="sql: the SQLAlchemy URI, sqlite:////abs/catalog.db (default <work_dir>/catalog.db) or "
+        "postgresql+psycopg://user@host:port/db; rest: the catalog's http(s) URI",
     )
-    password: SecretStr | None = Field(None, description="the PostgreSQL user's password (CDCLAKE_CATALOG__PASSWORD)")
+    password: SecretStr | None = Field(
+        None, description="the PostgreSQL user's password, of the catalog or the leases (CDCLAKE_CATALOG__PASSWORD)"
+    )
+    credential: SecretStr | None = Field(
+        None, description="rest: OAuth2 client credentials, client_id:client_secret (CDCLAKE_CATALOG__CREDENTIAL)"
+    )
+    token: SecretStr | None = Field(None, description="rest: a bearer token (CDCLAKE_CATALOG__TOKEN)")
+    oauth2_server_uri: str | None = Field(None, description="rest: where tokens come from, if not the catalog")
+    leases_uri: str | None = Field(
+        None,
+        description="rest: SQLAlchemy URI of the database holding the one-writer leases; default "
+        "sqlite:////<work_dir>/leases.db (processes of one host); postgresql+psycopg://... for several hosts",
+    )
     timeout_seconds: float = Field(
         30.0,
         gt=0,
         description="catalog (PostgreSQL) and storage (S3) calls: connecting and each request give up after this",
     )
 
-    @field_validator("uri")
+    @field_validator("uri", "leases_uri")
     @classmethod
-    def _known_scheme(cls, uri: str | None) -> str | None:
-        if uri is not None and not re.match(r"^(sqlite:///|postgresql(\+\w+)?://)", uri):
-            raise ValueError(f"{uri!r}: give sqlite:////abs/path/catalog.db or postgresql+psycopg://user@host:port/db")
-        if uri is not None and re.match(r"^postgresql[^:]*://[^/@]*:[^/@]*@", uri):
+    def _no_password(cls, uri: str | None) -> str | None:
+        if uri is not None and re.match(r"^\w[\w+.-]*://[^/@]*:[^/@]*@", uri):
             raise ValueError("holds a password: give it in catalog.password (or CDCLAKE_CATALOG__PASSWORD) instead")
         return uri
+
+    @model_validator(mode="after")
+    def _known_scheme(self) -> CatalogConfig:
+        sql = r"^(sqlite:///|postgresql(\+\w+)?://)"
+        if self.type == "sql" and self.uri is not None and not re.match(sql, self.uri):
+            raise ValueError(
+                f"catalog.uri {self.uri!r}: give sqlite:////abs/path/catalog.db or "
+                'postgresql+psycopg://user@host:port/db (or type = "rest" for a REST catalog)'
+            )
+        if self.type == "rest" and not re.match(r"^https?://", self.uri or ""):
+            raise ValueError(
+                f'catalog.type = "rest" needs catalog.uri = "https://..." (the REST catalog), not {self.uri!r}'
+            )
+        if self.leases_uri is not None and not re.match(sql, self.leases_uri):
+            raise ValueError(
+                f"catalog.leases_uri {self.leases_uri!r}: give sqlite:////abs/path/leases.db or postgresql+psycopg://..."
+            )
+        return self
 
     warehouse: str | None = Field(
         None, description="warehouse location: a path, s3://bucket/prefix, abfs://...; default <work_dir>/warehouse"
@@ -287,6 +320,13 @@ class Settings(BaseSettings):
     @property
     def catalog_uri(self) -> str:
         return self.catalog.uri or f"sqlite:///{self.root / 'catalog.db'}"
+
+    @property
+    def leases_uri(self) -> str:
+        """The database of the leases: the SQL catalog's, else `catalog.leases_uri`."""
+        if self.catalog.type == "sql":
+            return self.catalog_uri
+        return self.catalog.leases_uri or f"sqlite:///{self.root / 'leases.db'}"
 
     @property
     def warehouse(self) -> str:

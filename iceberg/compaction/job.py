@@ -96,7 +96,7 @@ def compact(
     at a time: the round holds the table's `compaction` lease (waiting up to `wait` seconds
     for another holder) and renews it before each commit."""
     now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)  # naive: UTC
-    lease = leases.acquire(catalog, names.state, "compaction", wait)  # type: ignore[arg-type]
+    lease = leases.acquire(catalog, names.state, "compaction", wait)
     try:
         with releasing_checkpoints(spark):
             return Round(spark, catalog, names, policy, now, lease).run(force)

@@ -210,6 +210,21 @@ def test_concurrent_ingests_of_one_input_add_each_record_once(spark, settings, t
     each with its own catalog connection: each run either completes or stops with one line
     naming the table and the other writer; a rerun then completes the input. Every record ends
     in exactly one table, once, as one clean run leaves it."""
+    _concurrent_ingests(spark, settings, tmp_path, writers)
+
+
+@pytest.mark.rest
+@pytest.mark.slow
+def test_concurrent_ingests_through_a_rest_catalog_add_each_record_once(spark, settings, rest_catalog, tmp_path):
+    """The same on Iceberg's REST catalog server: the commits are fenced by the server's
+    checks of `main`."""
+    catalog = settings.catalog.model_copy(
+        update={"name": "restlake", "type": "rest", "uri": rest_catalog.uri, "warehouse": rest_catalog.warehouse}
+    )
+    _concurrent_ingests(spark, settings.model_copy(update={"catalog": catalog}), tmp_path, 3)
+
+
+def _concurrent_ingests(spark, settings, tmp_path, writers: int) -> None:
     import threading
 
     from connector.core.errors import ConcurrentWriterError
