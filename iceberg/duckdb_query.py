@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from connector.core.errors import ConfigError, ConnectorError
+from iceberg.azure import on_azure
 
 if TYPE_CHECKING:
     import duckdb
@@ -37,7 +38,7 @@ def connect(properties: dict[str, str], warehouse: str) -> duckdb.DuckDBPyConnec
     secret from the catalog's `s3.*` properties."""
     import duckdb
 
-    if warehouse.startswith(("abfs://", "abfss://", "wasb://", "wasbs://")):
+    if on_azure(warehouse):
         raise ConfigError(
             f"query --engine duckdb reads a warehouse on local disk or S3, not {warehouse.split('@')[0]}@...: "
             "use --engine spark"

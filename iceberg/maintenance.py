@@ -231,7 +231,9 @@ def remove_orphans(spark: SparkSession, call: str, table: Table, name: str, olde
     (on Azure, listed as the module docstring says)."""
     when = older.strftime("%Y-%m-%d %H:%M:%S.%f")
     base = f"{call}remove_orphan_files(table => {sql_literal(name)}, older_than => TIMESTAMP '{when}'"
-    if not table.location().startswith(("abfs://", "abfss://")):
+    from iceberg.azure import on_azure
+
+    if not on_azure(table.location()):
         return spark.sql(base + ")").count()
     try:
         return spark.sql(base + ", prefix_listing => true)").count()
