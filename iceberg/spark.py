@@ -170,8 +170,8 @@ def round_session(spark: SparkSession, own: bool) -> Iterator[SparkSession]:
             _FREE_SESSIONS.remove(session)
     if session is None:
         session = spark.newSession()
-    held: dict[str, str] = dict(session.sql("SET").collect())
-    for k, v in spark.sql("SET").collect():
+    held = session.conf.getAll  # not `SET`, whose values of secret keys are redacted
+    for k, v in spark.conf.getAll.items():
         if held.get(k) != v:
             session.conf.set(k, v)
     sc = spark.sparkContext

@@ -256,3 +256,18 @@ def test_a_table_with_events_left_dirty_is_not_quiet(spark, settings):
     assert quiet(load_catalog(s), names(s, "y0"), table_policy(s, "y0"), NOW)
     events = decoded(path, s)
     assert_matches_model(s, "y0", events, [len(events)], "source")
+
+
+def test_a_rounds_session_takes_the_secrets_set_in_the_job_since_it_started(spark):
+    """A catalog configured into the running session (its password among its keys): a round's
+    own session gets the value itself, not the `SET` command's redacted text of it."""
+    from iceberg.spark import round_session
+
+    key = "spark.sql.catalog.later.password"
+    spark.conf.set(key, "hunter2")
+    try:
+        assert "hunter2" not in str(spark.sql("SET").collect())  # what a copy through SET would give
+        with round_session(spark, own=True) as session:
+            assert session is not spark and session.conf.get(key) == "hunter2"
+    finally:
+        spark.conf.unset(key)
