@@ -1,7 +1,10 @@
 """The whole pipeline on the production stores, through the CLI with a config file as a user
 writes it: a PostgreSQL catalog (Debian's server, infra/postgres.py) and a warehouse on S3
 (moto's server, infra/s3_server.py). Ingest in two runs, compaction with maintenance after
-each, status, quotas and a query; the tables then equal the model of the stream."""
+each, status, quotas and a query; the tables then equal the model of the stream. The stream
+holds the contract's hard cases (ordering, stale events, snapshot rows, truncates, dead
+letters) and a table whose tier fills up under backpressure, so each guarantee is checked on
+every store these tests run."""
 
 from __future__ import annotations
 
@@ -12,27 +15,35 @@ import pytest
 from typer.testing import CliRunner
 
 from connector.core.config import load_settings
-from tests.conftest import PG_PASSWORD, kcat_lines
+from tests.conftest import PG_PASSWORD
 from tests.iceberg.helpers import decoded, names, offsets_by_key, write_lines
-from tests.model import expected_tables
+from tests.iceberg.test_property import assert_matches_model, to_lines
+from tests.quotas.test_quota_ingest import line
 
 pytestmark = pytest.mark.spark
-TOPIC, TABLE = "pg.inventory.items", "items"
+TABLE = "items"
 
 
-def _stream(path: Path) -> Path:
-    """Creates, updates and deletes (each delete followed by its tombstone) over 12 keys."""
-    values, keys = [], []
-    for i in range(60):
-        key, op = i % 12, ("c" if i < 12 else "d" if i % 7 == 0 else "u")
-        after = None if op == "d" else {"id": key, "n": i}
-        source = {"connector": "postgresql", "table": "items", "lsn": 100 + i}
-        values.append(json.dumps({"op": op, "after": after, "source": source}))
-        keys.append({"id": key})
-        if op == "d":
-            values.append(None)
-            keys.append({"id": key})
-    return write_lines(path, kcat_lines(TOPIC, values, keys))
+# The contract's hard cases, one after another over 4 keys (the property test's examples):
+# stale events, snapshot rows, deletes with and without their tombstone, truncates,
+# re-deliveries and a record key that is not JSON (a dead letter).
+HARD_CASES = [
+    (0, "c", 1, False), (1, "c", 1, False), (1, "d", 2, True), (0, "t", 1, False),
+    (0, "c", 5, False), (0, "u", 3, False), (0, "u", 7, False), (1, "u", 2, False), (1, "r", 1, False),
+    (2, "junk", 1, False), (0, "r", 7, False), (3, "u", 3, False), (2, "t", 1, False), (3, "r", 1, False),
+    (0, "u", 3, False), (1, "d", 2, True), (0, "t", 1, False), (0, "r", 1, False), (1, "r", 1, False),
+    (0, "t", 1, False), (0, "again", 1, False), (2, "c", 4, False), (3, "d", 6, False), (2, "u", 5, True),
+]  # fmt: skip
+FULL, FULL_EVENTS = "orders", 30  # a table on a tier that 30 updates of 2 keys overflow: backpressure
+
+
+SPLIT = 12  # records the first ingest takes: the hard cases come in two rounds
+
+
+def _stream(path: Path, ordering: str) -> Path:
+    """`TABLE`'s hard cases, then `FULL`'s updates (the second ingest's)."""
+    full = [line(0, i, i % 2, table=FULL) for i in range(FULL_EVENTS)]
+    return write_lines(path, to_lines(HARD_CASES, ordering, TABLE) + full)
 
 
 def _toml(value) -> str:
@@ -41,7 +52,7 @@ def _toml(value) -> str:
     )
 
 
-def _config(tmp_path: Path, stream: Path, catalog: dict, namespace: str) -> Path:
+def _config(tmp_path: Path, stream: Path, catalog: dict, namespace: str, ordering: str) -> Path:
     properties = catalog.pop("properties", {})
     lines = [
         f"work_dir = {json.dumps(str(tmp_path / 'work'))}",
@@ -54,31 +65,42 @@ def _config(tmp_path: Path, stream: Path, catalog: dict, namespace: str) -> Path
         *[f"{k} = {_toml(v)}" for k, v in catalog.items()],
         "[catalog.properties]",
         *[f'"{k}" = "{v}"' for k, v in properties.items()],
+        "[compaction]",
+        f'ordering = "{ordering}"',
+        "[quotas]",
+        'policy = "backpressure"',
+        "[quotas.custom.tiny]",
+        "compacted_bytes_per_partition = 8000",
         "[maintenance]",  # every round expires and rewrites what it can, orphan files included
         "snapshot_retention_hours = 0",
         "rewrite_files = 2",
         "orphan_age_hours = 24",
         f"[tables.{TABLE}]",
         'key_fields = ["id"]',
+        f"[tables.{FULL}]",
+        'tier = "tiny"',
     ]
     path = tmp_path / "cdclake.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def _whole_pipeline(spark, tmp_path: Path, catalog: dict, env: dict[str, str], monkeypatch) -> object:
+def _whole_pipeline(
+    spark, tmp_path: Path, catalog: dict, env: dict[str, str], monkeypatch, ordering: str = "source"
+) -> object:
     """Runs every command on the stores; returns the settings (for reading the tables)."""
     from connector.cli import app
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     tmp_path.mkdir(parents=True, exist_ok=True)
-    stream = _stream(tmp_path / "in.jsonl")
-    config = _config(tmp_path, stream, dict(catalog), f"d{tmp_path.name[-6:].replace('-', '_')}")
+    stream = _stream(tmp_path / "in.jsonl", ordering)
+    config = _config(tmp_path, stream, dict(catalog), f"d{tmp_path.name[-6:].replace('-', '_')}", ordering)
+    settings = load_settings(config)
     runner, out = CliRunner(), {}
     try:
         for args in (
-            ["ingest", "--max-records", "40"],
+            ["ingest", "--max-records", str(SPLIT)],
             ["compact", "--force"],
             ["ingest"],
             ["compact", "--force"],
@@ -89,14 +111,16 @@ def _whole_pipeline(spark, tmp_path: Path, catalog: dict, env: dict[str, str], m
             assert result.exit_code == 0, (args, result.output, repr(result.exception)[:3000])
             assert "failed" not in result.output, (args, result.output)  # maintenance is best effort: logged
             out[args[0]] = out.get(args[0], "") + result.output
-        settings = load_settings(config)
+            if args == ["ingest"]:  # the tier filled: ingest compacted to go on
+                assert offsets_by_key(settings, names(settings, FULL).state), "no backpressure round"
         assert "maintenance: rewrite" in out["compact"], out["compact"]  # maintenance ran on the store
         statuses = json.loads(out["status"])
-        assert statuses and {s["table"] for s in statuses} == {TABLE}
+        assert statuses and {s["table"] for s in statuses} == {TABLE, FULL}
         assert all(s["dirty_events"] == 0 for s in statuses), statuses
-        state, tombstones = expected_tables(decoded(stream, settings), "source")
-        assert offsets_by_key(settings, names(settings, TABLE).state) == state
-        assert offsets_by_key(settings, names(settings, TABLE).tombstones) == tombstones
+        events, bounds = decoded(stream, settings), [SPLIT, len(stream.read_text().splitlines())]
+        assert_matches_model(settings, TABLE, events, bounds, ordering)
+        assert_matches_model(settings, FULL, events, bounds, ordering)
+        state = offsets_by_key(settings, names(settings, TABLE).state)
         ns = settings.catalog.namespace
         result = runner.invoke(
             app, ["query", "-c", str(config), f"SELECT count(*) AS live FROM {ns}.{TABLE} WHERE id >= 0"]
@@ -116,7 +140,7 @@ def test_the_whole_pipeline_on_a_rest_catalog(spark, rest_catalog, tmp_path, mon
     from iceberg.duckdb_query import run
 
     catalog = {"name": "restlake", "type": "rest", "uri": rest_catalog.uri, "warehouse": rest_catalog.warehouse}
-    settings = _whole_pipeline(spark, tmp_path, catalog, {}, monkeypatch)
+    settings = _whole_pipeline(spark, tmp_path, catalog, {}, monkeypatch, ordering="log")
     config, runner = tmp_path / "cdclake.toml", CliRunner()
     state = names(settings, TABLE).state
     try:
@@ -130,6 +154,44 @@ def test_the_whole_pipeline_on_a_rest_catalog(spark, rest_catalog, tmp_path, mon
     got = {r["_key"]: r["_offset"] for r in run(settings, f"SELECT _key, _offset FROM {state}").to_pylist()}
     assert got == held
     assert settings.leases_uri.endswith("leases.db") and Path(settings.leases_uri.split("///")[1]).exists()
+
+
+@pytest.mark.rest
+@pytest.mark.slow
+def test_a_rest_catalog_that_requires_oauth2_is_reached_with_the_credential(spark, tmp_path):
+    """A REST catalog server that answers only requests bearing the token its OAuth2 endpoint
+    gives the client `cdclake` (client credentials grant): pyiceberg's RestCatalog (ingest)
+    and Spark's RESTCatalog (compaction) both get that token from `catalog.credential`.
+    Without a credential, or with another client's, a one-line error says what to set."""
+    from connector.app import run_compaction, run_ingest
+    from connector.core.errors import ConnectorError
+    from iceberg.catalog import load_catalog
+    from tests.conftest import infra
+
+    server = infra("rest_catalog").RestCatalogServer(tmp_path / "server")
+    server.start(bearer="client-credentials-token:sub=cdclake")
+    stream = write_lines(tmp_path / "in.jsonl", to_lines(HARD_CASES, "source", TABLE))
+    catalog = {"name": "oauthlake", "type": "rest", "uri": server.uri, "namespace": "oauth"}
+    try:
+        for refused in ({}, {"credential": "intruder:s3cret"}):
+            with pytest.raises(ConnectorError) as e:
+                load_catalog(load_settings(work_dir=tmp_path / "work", catalog={**catalog, **refused}))
+            message = str(e.value)
+            assert "\n" not in message and "catalog.credential" in message and server.uri in message, message
+            assert "s3cret" not in message
+        settings = load_settings(
+            work_dir=tmp_path / "work",
+            catalog={**catalog, "credential": "cdclake:s3cret", "warehouse": server.warehouse},
+            source={"type": "file", "path": str(stream)},
+            tables={TABLE: {"key_fields": ["id"]}},
+        )
+        run_ingest(settings)
+        run_compaction(settings, force=True)
+        events = decoded(stream, settings)
+        assert_matches_model(settings, TABLE, events, [len(events)], "source")
+    finally:
+        spark.conf.set("spark.sql.defaultCatalog", "lake")
+        server.stop()
 
 
 @pytest.mark.postgres
@@ -212,7 +274,8 @@ def test_the_whole_pipeline_on_an_azure_warehouse(spark, azurite, tmp_path, monk
     blobs = BlobServiceClient.from_connection_string(azurite).create_container(container)
     warehouse = f"abfs://{container}@devstoreaccount1.dfs.core.windows.net/cdc"
     secret = {"CDCLAKE_CATALOG__AZURE__CONNECTION_STRING": azurite}
-    settings = _whole_pipeline(spark, tmp_path, {"name": "azlake", "warehouse": warehouse}, secret, monkeypatch)
+    catalog = {"name": "azlake", "warehouse": warehouse}
+    settings = _whole_pipeline(spark, tmp_path, catalog, secret, monkeypatch, ordering="log")
     ns = settings.catalog.namespace
     names_found = [b.name for b in blobs.list_blobs(name_starts_with=f"cdc/{ns}/")]
     for kind in ("data", "metadata"):
@@ -298,7 +361,7 @@ def test_cdclake_run_on_a_standalone_cluster_equals_a_local_run(
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     # the master from the configuration, then from spark-submit's --master (infra/submit.sh)
-    run([sys.executable, "-m", "connector.cli", "ingest", "-c", str(config), "--max-records", "40"],
+    run([sys.executable, "-m", "connector.cli", "ingest", "-c", str(config), "--max-records", str(SPLIT)],
         CDCLAKE_SPARK__MASTER=master)  # fmt: skip
     run(["bash", str(root / "infra" / "submit.sh"), "--master", master, "--", "run", "-c", str(config), "--force"])
     apps = (Path(spark_cluster.dir) / "master.log").read_text().count("Registering app cdclake")

@@ -17,15 +17,15 @@ TOPIC = "db.s.things"
 NOW_MS = int(time.time() * 1000)
 
 
-def line(partition: int, offset: int, key: int, pad: int = 150) -> str:
+def line(partition: int, offset: int, key: int, pad: int = 150, table: str = "things") -> str:
     value = {
         "op": "u",
         "after": {"id": key, "pad": "x" * pad},
-        "source": {"connector": "postgresql", "table": "things", "lsn": 1000 * partition + offset},
+        "source": {"connector": "postgresql", "table": table, "lsn": 1000 * partition + offset},
     }
     return json.dumps(
         {
-            "topic": TOPIC,
+            "topic": TOPIC.replace("things", table),
             "partition": partition,
             "offset": offset,
             "ts": NOW_MS + offset,  # enqueued now: inside the log retention of the rounds backpressure runs
