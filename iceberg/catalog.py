@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
+from pyiceberg.exceptions import (
+    ForbiddenError,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    OAuthError,
+    UnauthorizedError,
+)
 from sqlalchemy import Engine, create_engine, make_url, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
@@ -115,6 +121,13 @@ def load_catalog(settings: Settings) -> Catalog | RestCatalogWithLeases:
         except OperationalError:  # two processes made a new catalog's tables at once: they are there now
             if attempt == 2:
                 raise
+        except (UnauthorizedError, ForbiddenError, OAuthError) as e:
+            why = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            raise ConnectorError(
+                f"the REST catalog at {settings.catalog.uri} refused the connector ({type(e).__name__}: {why}); "
+                "set catalog.credential (client_id:secret) or catalog.token, with catalog.oauth2_server_uri "
+                "where tokens come from another server"
+            ) from None
         except OSError as e:  # a REST catalog that does not answer (requests' errors are OSErrors)
             why = (str(e).splitlines() or [type(e).__name__])[0][:200]
             raise ConnectorError(
@@ -154,15 +167,16 @@ def storage_properties(settings: Settings, spark: bool = False) -> dict[str, str
 
 
 def rest_properties(settings: Settings) -> dict[str, str]:
-    """A REST catalog's `uri`, `credential`, `token` and `oauth2-server-uri`, as pyiceberg's
-    RestCatalog and Iceberg's RESTCatalog both name them (they hold secrets: never logged)."""
+    """A REST catalog's `uri`, `credential`, `token` and `oauth2-server-uri` (for a credential
+    without one: the catalog's own token endpoint), as pyiceberg's RestCatalog and Iceberg's
+    RESTCatalog both name them (they hold secrets: never logged)."""
     c = settings.catalog
     props = {"uri": c.uri or ""}
     for key, secret in (("credential", c.credential), ("token", c.token)):
         if secret is not None:
             props[key] = secret.get_secret_value()
-    if c.oauth2_server_uri:
-        props["oauth2-server-uri"] = c.oauth2_server_uri
+    if c.oauth2_server_uri or c.credential is not None:  # both clients' old default, named: it is deprecated
+        props["oauth2-server-uri"] = c.oauth2_server_uri or f"{props['uri'].rstrip('/')}/v1/oauth/tokens"
     return props
 
 

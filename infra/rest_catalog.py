@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -73,10 +74,12 @@ class RestCatalogServer:
     def warehouse(self) -> str:
         return (self.dir / "warehouse").as_uri()
 
-    def start(self, timeout: float = 60.0) -> RestCatalogServer:
+    def start(self, timeout: float = 60.0, bearer: str | None = None) -> RestCatalogServer:
+        """`bearer`: the token every request but a token request must carry (else 401)."""
         classpath = fetch()
         log = open(self.dir / "server.log", "ab")
         backend = [f"uri=jdbc:sqlite:{self.dir / 'catalog.db'}", f"warehouse={self.warehouse}"]
+        backend += [f"require-bearer={bearer}"] if bearer else []
         self.proc = subprocess.Popen(
             ["java", "-Xmx512m", "-cp", classpath, MAIN, "127.0.0.1", str(self.port), *backend],
             stdout=log,
@@ -92,6 +95,8 @@ class RestCatalogServer:
             try:
                 with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2):
                     return self
+            except urllib.error.HTTPError:  # it answers (401 where it requires a token)
+                return self
             except OSError:
                 time.sleep(0.2)
         self.stop()

@@ -35,6 +35,21 @@ def test_a_rest_catalog_gives_both_sides_its_uri_and_secrets(tmp_path, monkeypat
     assert all(re.search(conf["spark.redaction.regex"], k) for k in secret_keys)
 
 
+@pytest.mark.parametrize(
+    "catalog, tokens",
+    [
+        ({"credential": "client:s3cr3t"}, "https://catalog.example.com/api/v1/oauth/tokens"),
+        ({"credential": "client:s3cr3t", "oauth2_server_uri": "https://idp/token"}, "https://idp/token"),
+        ({"token": "t0ken"}, None),
+        ({}, None),
+    ],
+)
+def test_a_credential_gets_its_tokens_from_the_named_endpoint(tmp_path, catalog, tokens):
+    """Both clients' default token endpoint (the catalog's own) is deprecated: it is named."""
+    s = load_settings(work_dir=tmp_path, catalog={"type": "rest", "uri": "https://catalog.example.com/api/", **catalog})
+    assert rest_properties(s).get("oauth2-server-uri") == tokens
+
+
 def test_a_sql_catalog_keeps_its_leases_in_its_own_database(tmp_path):
     s = load_settings(work_dir=tmp_path)
     assert s.leases_uri == s.catalog_uri
