@@ -8,15 +8,28 @@ snapshot, inserts, updates, a delete + tombstone, and an incremental-snapshot ro
 than a streamed change (it must not win).
 `inventory.products` (SQL Server): creates, an update, then an undecodable record (goes
 to the dead letters). The two stale events come last, after a first compaction.
+
+`demo` (the `cdclake demo` command) writes the stream, ingests and compacts it in two rounds
+and shows the tables.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import shutil
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import typer
+from rich.text import Text
+
+from connector.commands import guard, settings_of, show_compaction, show_ingest
+from connector.report import console, print_query, print_quotas, print_status
 
 Row = dict[str, Any]  # a Debezium envelope or an image of a row
 
@@ -225,3 +238,61 @@ def write_demo_file(path: Path, t0: int = T0) -> Path:
         for rec in demo_events(t0):
             f.write(json.dumps(rec) + "\n")
     return path
+
+
+def demo(work_dir: Path = typer.Option(Path(".cdclake/demo"), help="fresh directory for the demo's catalog")) -> None:
+    """The main job on the embedded default: a Debezium stream of three tables through ingest and compaction.
+
+    Example: `cdclake demo --work-dir /tmp/cdclake-demo`"""
+    from iceberg.spark import get_spark
+
+    started = time.monotonic()
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    # enqueued an hour ago: within the log retention, so the demo's log keeps every event
+    events = write_demo_file(work_dir / "events.jsonl", int(time.time() * 1000) - 3_600_000)
+    config = work_dir / "cdclake.toml"  # left behind: every command runs on the demo's tables with -c
+    config.write_text(
+        f"work_dir = {json.dumps(str(work_dir.resolve()))}\n"
+        f'[source]\ntype = "file"\npath = {json.dumps(str(events.resolve()))}\n'
+        "[compaction]\nmin_compaction_lag_seconds = 0\n"
+    )
+    settings = settings_of(config)
+    total = len(events.read_text().splitlines())
+    for step, (records, what) in enumerate(
+        [(total - LATE_EVENTS, "the stream"), (None, f"{LATE_EVENTS} late events older than what is held")], 1
+    ):
+        console.rule(f"[bold]round {step}: ingest {what}, then compact[/bold]")
+        guard(partial(show_ingest, settings, records))
+        guard(lambda: show_compaction(settings, None, force=True, now=datetime.now(UTC)))
+    console.rule("[bold]tables[/bold]")
+    ns = settings.catalog.namespace
+    meta = "_key AS key, _partition_id AS part, _offset AS offset, _op AS op"
+    for t, columns in (
+        ("customers", "_source_position AS position, name, email"),
+        ("orders", "_source_position AS position, status, total"),
+        ("products", "name, weight"),
+    ):
+        guard(partial(print_query, settings, f"SELECT {meta}, {columns} FROM {ns}.{t} ORDER BY _key", 50))
+    expires = "date_format(expires_at, 'yyyy-MM-dd HH:mm') AS expires"
+    guard(
+        lambda: print_query(
+            settings,
+            f"SELECT 'customers' AS table, {meta}, {expires} FROM {ns}.customers__tombstones "
+            f"UNION ALL SELECT 'orders', {meta}, {expires} FROM {ns}.orders__tombstones",
+            50,
+        )
+    )
+    dead = f"SELECT topic, partition, offset, reason, detail FROM {ns}.products__dead_letters"
+    console.print(Text(dead, style="bold"), soft_wrap=True)
+    for r in guard(lambda: get_spark(settings).sql(dead).collect()):
+        console.print(Text(f"{r.topic}:{r.partition} offset {r.offset}: {r.reason}: {r.detail}"), soft_wrap=True)
+    console.rule("[bold]status[/bold]")
+    guard(lambda: print_status(settings))
+    guard(lambda: print_quotas(settings))
+    console.print(f"demo finished in {time.monotonic() - started:.1f}s; catalog {settings.catalog_uri}", soft_wrap=True)
+    console.print(
+        f"its configuration is {config}: try `cdclake status -c {config}`, `cdclake read customers -c {config}`, "
+        f'`cdclake query -c {config} "SELECT * FROM cdc.orders"`',
+        soft_wrap=True,
+    )

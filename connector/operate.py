@@ -1,15 +1,19 @@
-"""What the operating commands print (`cdclake read`, `history`, `verify`, `rebuild`): the
-CLI declares them, this module runs them and shows their results."""
+"""The operating commands (`cdclake status`, `quotas`, `query`, `read`, `history`, `verify`,
+`rebuild`): their declarations, which the CLI registers, and what they print."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import typer
+
+from connector.commands import ConfigOpt, GlobOpt, JsonOpt, StreamsOpt, WaitOpt, guard, settings_of
 from connector.core.config import Settings
 from connector.core.errors import ConfigError
-from connector.report import console, show, table_of
+from connector.report import console, print_query, print_quotas, print_status, show, table_of
 
 if TYPE_CHECKING:
     from iceberg.verify import VerifyReport
@@ -94,3 +98,117 @@ def verify_or_rebuild(settings: Settings, table: str, rebuild: bool = False, wai
         out.add_row(kind, *cells)
     show(out)
     return report
+
+
+def status(
+    config: Path | None = ConfigOpt,
+    as_json: bool = JsonOpt,
+    streams: bool = StreamsOpt,
+    table: list[str] | None = GlobOpt,
+) -> None:
+    """A line per table: its dirty events, and of its partitions the highest dirty ratio, the lag
+    (the age of the oldest dirty event, `-` when none) and the fullest one's usage of its quota;
+    per stream with --streams (log start, cleaner point, rows, tombstones). Then a summary:
+    `N tables, D due, L lagging`, where due is a table the planner would compact now and
+    lagging one whose oldest dirty event is as old as `compaction.max_compaction_lag_seconds`
+    or older (15 minutes where that is unset). No Spark needed.
+
+    Examples: `cdclake status -c lake.toml`, `cdclake status -c lake.toml --table 'inventory_*'`,
+    `cdclake status -c lake.toml --streams -t orders`, `cdclake status -c lake.toml --json`
+    (per stream, every figure)"""
+    settings = settings_of(config)
+    guard(lambda: print_status(settings, as_json, streams, table))
+
+
+def quotas(
+    config: Path | None = ConfigOpt,
+    as_json: bool = JsonOpt,
+    streams: bool = StreamsOpt,
+    table: list[str] | None = GlobOpt,
+) -> None:
+    """The Event Hubs tiers (and custom ones), then a line per table: its tier, partitions and its
+    fullest partition's usage against the tier; per partition with --streams.
+
+    Examples: `cdclake quotas -c lake.toml`, `cdclake quotas -c lake.toml --streams -t 'inventory_*'`"""
+    settings = settings_of(config)
+    guard(lambda: print_quotas(settings, as_json, streams, table))
+
+
+def query(
+    sql: str = typer.Argument(..., help='SQL, e.g. "SELECT * FROM cdc.customers"'),
+    config: Path | None = ConfigOpt,
+    limit: int = typer.Option(50, help="rows to print"),
+    engine: str = typer.Option("spark", help="spark, or duckdb: DuckDB's own Iceberg reader, no JVM"),
+) -> None:
+    """Run SQL over the tables: name them `<namespace>.<table>`. On Spark (the default) every
+    table of the catalog is there; on DuckDB, those the query names.
+
+    Examples:
+    `cdclake query "SELECT reason, count(*) FROM cdc.orders__stale GROUP BY reason"`;
+    `cdclake query --engine duckdb "SELECT count(*) FROM cdc.customers"`"""
+    settings = settings_of(config)
+    guard(lambda: print_query(settings, sql, limit, engine))
+
+
+def read(
+    table: str = typer.Argument(..., help="source table, e.g. customers"),
+    config: Path | None = ConfigOpt,
+    partition: int | None = typer.Option(None, help="only this partition"),
+    from_offset: int | None = typer.Option(None, help="from this offset on (within each partition read)"),
+    as_of: int | None = typer.Option(None, help="as of this snapshot id of the state table"),
+    fmt: str = typer.Option("jsonl", "--format", help="jsonl (one event per line) or table"),
+    limit: int | None = typer.Option(None, help="at most this many events"),
+) -> None:
+    """What a consumer of the compacted event hub reads: each live key's latest event, each live
+    tombstone (value null), then the events compaction has not reached yet, by partition and
+    offset, with the original value bytes (as text, or `value_base64` where not UTF-8).
+
+    Example: `cdclake read customers -c lake.toml --partition 0 --from-offset 1200 | head`"""
+    settings = settings_of(config)
+    guard(lambda: print_read(settings, table, partition, from_offset, as_of, fmt, limit))
+
+
+def history_command(
+    table: str = typer.Argument(..., help="source table, e.g. customers"),
+    config: Path | None = ConfigOpt,
+    key: str | None = typer.Option(None, help='only this key, as the log keeps it, e.g. {"id":7}'),
+    write: bool = typer.Option(False, "--write", help="(re)write the table <ns>.<table>__history instead"),
+    limit: int = typer.Option(100, help="versions to print"),
+) -> None:
+    """Every version of each key (SCD type 2) from the log, within its retention: the op, the
+    after-image, `valid_from` / `valid_to` by the ordering rule, a deleted key ending with its
+    deleting event. Stale events are not versions.
+
+    Example: `cdclake history customers -c lake.toml --key '{"id":1004}'`, or `--write` for
+    `SELECT * FROM cdc.customers__history` in `cdclake query` or any Iceberg reader"""
+    settings = settings_of(config)
+    guard(lambda: print_history(settings, table, key, write, limit))
+
+
+def verify(
+    table: str = typer.Argument(..., help="source table, e.g. customers"),
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Recompute the table's state and tombstones from its log (a full compaction into scratch
+    tables, dropped afterwards) and compare them with the tables, key by key: `missing`,
+    `extra`, `different offset`, `different row`. Exit code 1 on any difference.
+
+    Example: `cdclake verify orders -c lake.toml`"""
+    settings = settings_of(config)
+    report = guard(lambda: verify_or_rebuild(settings, table))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def rebuild(
+    table: str = typer.Argument(..., help="source table, e.g. customers"),
+    config: Path | None = ConfigOpt,
+    wait: float = WaitOpt,
+) -> None:
+    """Recompute the table's state and tombstones from its log and put them in place of the
+    tables' (after a corruption, or for a changed ordering rule), with the cleaner points.
+    Each table is replaced in one snapshot; the table's compaction waits meanwhile.
+
+    Example: `cdclake rebuild orders -c lake.toml`, then `cdclake verify orders -c lake.toml`"""
+    settings = settings_of(config)
+    guard(lambda: verify_or_rebuild(settings, table, rebuild=True, wait=wait))

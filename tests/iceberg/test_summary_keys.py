@@ -21,7 +21,7 @@ LITERAL = re.compile(r"""["'](cdclake\.[^"'{\s]*)""")
 # `cdclake.` strings of the product that are not summary keys
 NOT_SUMMARY_KEYS = {
     ("connector/core/records.py", "cdclake.source-error"),  # SOURCE_ERROR_HEADER, a Kafka header
-    ("connector/cli.py", "cdclake.toml"),  # the demo's configuration file
+    ("connector/demo.py", "cdclake.toml"),  # the demo's configuration file
     ("connector/sources/file.py", "cdclake.file."),  # a file source's stream name
 }
 
