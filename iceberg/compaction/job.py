@@ -187,7 +187,8 @@ class Round:
         (stale, never candidates); the round's own newest truncate."""
         ordering = self.policy.ordering
         self.dirty = self.spark.table(self.names.spark(self.names.log)).where(range_filter(self.report.ranges))
-        self.events = winners.log_candidates(self.dirty)
+        self.small = self.report.events <= self.policy.small_round
+        self.events = winners.log_candidates(self.dirty, payload=self.small)
         marker = truncate_marker(self.catalog, self.names)
         if marker is not None:
             ordered = self.events.withColumn(
@@ -255,7 +256,7 @@ class Round:
         if held_rows is not None:
             bounds = dedupe.merge_bounds(bounds, self.held_bounds)
         # the packed route cannot tell which changes arrived after a newer one (stale)
-        packed = self.policy.packed and all(r.monotone for r in self.ranges)
+        packed = self.policy.packed and not self.small and all(r.monotone for r in self.ranges)
         packing = dedupe.Packing.of(bounds) if packed else None
         multi_topic = len({r.topic for r in self.report.ranges}) > 1
         found, self.ranked, self.report.keys, self.report.stale = winners.newest(
@@ -269,6 +270,7 @@ class Round:
             sorted({r.partition for r in self.report.ranges}),
             self.truncates,
             self.step,
+            self.small,
         )
         # the counts and the after-image signatures come with the checkpoint's own job; one
         # partition per core (the winners come in one per split of the log, 88 at 10M events,

@@ -26,6 +26,9 @@ class CompactionPolicy:
     tombstone_retention: timedelta = timedelta(hours=24)
     log_retention: timedelta | None = None  # log rows older than this may go (`log_retention_hours`)
     packed: bool = True  # the packed order key where a round fits (False: always the general route)
+    # a round of at most this many events takes the general route with the events' payload, in
+    # one job (the packed route reads the log twice: the order columns, then the winners' payload)
+    small_round: int = 20_000
     max_new_columns: int = 1_000  # columns one round may add to the state table (`limits.max_new_columns`)
     maintenance: MaintenancePolicy = MaintenancePolicy()  # after each round (`iceberg.maintenance`)
 

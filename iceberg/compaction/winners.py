@@ -25,8 +25,9 @@ _LOG_NAMES = {"_partition_id": "partition", "_source_ts": "source_ts_ms"}
 ORDER_COLUMNS = ["_key", "_partition_id", "_sequence_number", "_snapshot", "_source_position", "_held"]
 
 
-def log_candidates(dirty: DataFrame) -> DataFrame:
-    """The dirty events as candidates; `_after` and `_after_types` null until `with_payload`."""
+def log_candidates(dirty: DataFrame, payload: bool = False) -> DataFrame:
+    """The dirty events as candidates; without `payload`, `_after` and `_after_types` null
+    until `with_payload`."""
     return dirty.where(F.col("op") != "t").select(
         F.col("key").alias("_key"),
         F.col("topic").alias("_topic"),
@@ -39,7 +40,7 @@ def log_candidates(dirty: DataFrame) -> DataFrame:
         F.col("source_ts_ms").alias("_source_ts"),
         F.col("source_position").alias("_source_position"),
         F.col("payload_bytes").alias("_payload_bytes"),
-        *[F.lit(None).cast("string").alias("_" + c) for c in _PAYLOAD],
+        *[(F.col(c) if payload else F.lit(None).cast("string")).alias("_" + c) for c in _PAYLOAD],
         F.lit(False).alias("_held"),
     )
 
@@ -75,13 +76,19 @@ def candidate_bounds(ordering: Ordering) -> list[Column]:
 
 
 def general(
-    candidates: DataFrame, dirty: DataFrame, ordering: Ordering, truncates: Sequence[Truncate] = ()
+    candidates: DataFrame,
+    dirty: DataFrame,
+    ordering: Ordering,
+    truncates: Sequence[Truncate] = (),
+    carried: bool = False,
 ) -> tuple[DataFrame, DataFrame, int, int]:
-    """The general route: the ordering rule's window and sort (winners with their payload)."""
+    """The general route: the ordering rule's window and sort (winners with their payload,
+    read back from the log unless the candidates `carried` it)."""
     ranked = dedupe.rank(candidates, ordering, truncates)
     winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
     totals = _first(winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")))
-    winners = with_payload(winners, dirty, broadcast=totals["n"] <= BROADCAST_WINNERS)
+    if not carried:
+        winners = with_payload(winners, dirty, broadcast=totals["n"] <= BROADCAST_WINNERS)
     return winners, ranked, totals["n"], totals["stale"] or 0
 
 
@@ -96,15 +103,17 @@ def newest(
     partitions: list[int],
     truncates: Sequence[Truncate],
     step: Callable[[str], None],
+    carried: bool = False,
 ) -> tuple[DataFrame, DataFrame | None, int, int]:
     """The newest candidate per key with its payload, the ranked candidates of the general
     route (for the stale-event log), the number of keys and of stale events. `ordered`: the
     candidates' `ORDER_COLUMNS` (the packed route's input); `partitions`: those of the
     round's dirty events; `truncates`: the round's (they apply in turn, so a round with one
-    takes the general route)."""
+    takes the general route); `carried`: the candidates carry their payload (the general
+    route then reads no more of the log)."""
     if packing is None or truncates:
         step("general route (no packed order key for this round)")
-        return general(candidates, dirty, ordering, truncates)
+        return general(candidates, dirty, ordering, truncates, carried)
     # the counts and each partition's first new winner come with the checkpoint's own job
     is_new, seq = ~F.col("_irregular") & ~F.col("_win_held"), F.col("_sequence_number")
     seen = Observation("cdclake_per_key")

@@ -45,8 +45,10 @@ def compact_table(
     log_retention: bool = False,
 ):
     """One round at `now` (2030 by default: the test streams' events are years older, so log
-    retention, which would trim them, is off unless asked for)."""
-    policy = dataclasses.replace(policy_of(settings), packed=packed)
+    retention, which would trim them, is off unless asked for). `packed`: the packed route
+    wherever a round fits, however small; else the general route (with the events' payload
+    in a small round, as in production)."""
+    policy = dataclasses.replace(policy_of(settings), packed=packed, **({"small_round": 0} if packed else {}))
     if not log_retention:
         policy = dataclasses.replace(policy, log_retention=None)
     if maintenance is not None:

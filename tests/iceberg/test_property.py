@@ -183,10 +183,12 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     maintain=False,
 )
 def test_random_stream_in_random_batches_matches_the_model(spark, settings, stream, cuts, ordering, packed, maintain):
-    """`packed`: the packed order key where a round fits (as in production), else the general
-    route (the window) for every round. `maintain`: after every round, a table with more than
-    one data file is rewritten and every snapshot that may go is expired (later rounds find
-    their cleaner points after that)."""
+    """`packed`: the packed order key wherever a round fits (as in production for rounds of
+    more than `small_round` events), else the general route (the window) for every round,
+    with the events' payload carried through it (as in production for small rounds).
+    `maintain`: after every round, a table with more than one data file is rewritten and
+    every snapshot that may go is expired (later rounds find their cleaner points after
+    that)."""
     lines = to_lines(stream, ordering)
     path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
     s = with_source(
