@@ -41,7 +41,7 @@ from iceberg import leases
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.policy import CompactionPolicy, plan
-from iceberg.compaction.quiet import left_dirty, record_seen, upkeep
+from iceberg.compaction.quiet import left_dirty, seen_entries, upkeep
 from iceberg.compaction.report import (
     CompactionReport,
     Steps,
@@ -178,8 +178,11 @@ class Round:
 
     def record_seen(self) -> None:
         """A round with nothing due records the log's snapshot it planned against and what it
-        left dirty (`quiet.record_seen`)."""
-        if record_seen(self.catalog, self.names.state, self.log_seen, self.dirty_left, self.recorded(self.names.state)):
+        left dirty (`quiet.seen_entries`)."""
+        names = self.names
+        props = seen_entries(self.catalog, names.state, self.log_seen, self.dirty_left, self.recorded(names.state))
+        if props is not None:
+            writes.record(self.spark, names.spark(names.state), props)
             self.step("log seen")
 
     def read_dirty(self) -> None:

@@ -18,7 +18,6 @@ from iceberg.compaction.report import has_rows, may_expire
 from iceberg.compaction.retention import due as retention_due
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional
 from iceberg.layouts import TableNames
-from iceberg.log_writer import append_with_positions
 from iceberg.maintenance import Upkeep, maintenance_due
 from iceberg.summary_keys import APPENDED, DIRTY, LOG_SEEN, MARKERS, POSITIONS, carried_entries
 
@@ -193,16 +192,14 @@ def _us(t: datetime) -> int:
     return int(t.timestamp() * 1_000_000)
 
 
-def record_seen(
+def seen_entries(
     catalog: Catalog, state_name: str, log_seen: int | None, dirty: Mapping[str, list[int]], held: Mapping[str, str]
-) -> bool:
-    """Records, where the state does not hold it yet, the log's snapshot a round with nothing
-    due planned against and what it left dirty, in a commit of properties alone (with the
-    state's other carried keys and `held`, the bytes it records): a pass then decides from
-    them and the log's commits after it, whatever the log's history keeps. Whether it did."""
+) -> dict[str, str] | None:
+    """What a round with nothing due records, where the state does not hold it yet: the log's
+    snapshot it planned against and what it left dirty, with the state's other carried keys
+    and `held` (the bytes it records), for a commit of properties alone. A pass then decides
+    from them and the log's commits after it, whatever the log's history keeps."""
     state = catalog.load_table(state_name)
     if log_seen is None or LOG_SEEN.read(state) == log_seen:
-        return False
-    props = {**carried_entries(state, "state"), **held, **LOG_SEEN.entry(log_seen), **DIRTY.entry(dict(dirty))}
-    append_with_positions(state, state.schema().as_arrow().empty_table(), None, props, crash_tag="compact.seen")
-    return True
+        return None
+    return {**carried_entries(state, "state"), **held, **LOG_SEEN.entry(log_seen), **DIRTY.entry(dict(dirty))}

@@ -15,8 +15,10 @@ log = logging.getLogger(__name__)
 
 META_NAMES = {name for name, _ in META_COLUMNS}
 WIDENINGS = {("int", "bigint"), ("float", "double")}
+# Format 3: a MERGE's deletes are one deletion vector per data file, merged with the file's
+# earlier ones, where format 2 adds a position-delete file per round that later reads apply
 TABLE_PROPERTIES = (
-    "'format-version'='2', 'write.delete.mode'='merge-on-read', "
+    "'format-version'='3', 'write.delete.mode'='merge-on-read', "
     "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read'"
 )
 

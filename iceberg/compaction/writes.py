@@ -33,18 +33,23 @@ def merge(spark: SparkSession, sql: str, properties: dict[str, str]) -> None:
             spark.conf.unset(SNAPSHOT_PROPERTY + k)
 
 
+def record(spark: SparkSession, table: str, properties: dict[str, str]) -> None:
+    """A commit of `properties` alone to `table` (its Spark name): Spark's append of no rows,
+    which Iceberg commits as a snapshot that adds no file (pyiceberg cannot commit to a
+    format-3 table)."""
+    merge(spark, f"INSERT INTO {table} SELECT * FROM {table} WHERE false", properties)
+
+
 def write(spark: SparkSession, catalog: Catalog, name: str, sql: str, properties: dict[str, str]) -> None:
     """Runs `sql`, a write to table `name`, with `properties` in its snapshot's summary. Where
     the current snapshot after it does not record them (Spark made none, nothing changed, or
     one without them: a DELETE of whole files, which Iceberg commits without the session's
     snapshot properties), an empty commit records them."""
     merge(spark, sql, properties)
-    table = catalog.load_table(name)
-    after = table.current_snapshot()
+    after = catalog.load_table(name).current_snapshot()
     summary = after.summary.additional_properties if after and after.summary else {}
     if properties and not properties.items() <= summary.items():
-        with table.transaction() as tx:
-            tx.append(table.schema().as_arrow().empty_table(), snapshot_properties=properties)
+        record(spark, ".".join(f"`{p}`" for p in (catalog.name, *name.split("."))), properties)  # as TableNames.spark
 
 
 def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
