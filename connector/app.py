@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -169,11 +168,10 @@ def run_compaction(
 ) -> list[CompactionReport]:
     """One pass over the tables (all, or those named): a table whose commits say it has
     nothing due costs its metadata only; the rounds of the others, the most rows appended since
-    their last round first, run
-    `compaction.parallel_tables` at a time, each in a Spark session of its own (its own views
-    and snapshot properties) in a fair-scheduler pool of its own. A table whose round fails
+    their last round first, run `compaction.parallel_tables` at a time, each in a Spark session
+    of its own (its own views and snapshot properties) in a fair-scheduler pool of its own,
+    the small ones read in shared jobs (`iceberg.compaction.shared`). A table whose round fails
     does not stop the others: `RoundsFailed` after the pass names it, with the others' reports."""
-    from iceberg.compaction.job import compact
     from iceberg.compaction.quiet import backlog, quiet
     from iceberg.compaction.report import CompactionReport
 
@@ -188,25 +186,18 @@ def run_compaction(
     due.sort(key=lambda n: backlog(catalog, n), reverse=True)  # a hot table does not wait behind quiet ones
     failures: list[tuple[str, BaseException]] = []
     if due:
-        from iceberg.spark import get_spark, round_session
+        from iceberg.compaction.shared import compact_tables
+        from iceberg.spark import get_spark
 
-        spark = get_spark(settings)
         workers = min(settings.compaction.parallel_tables, len(due))
-
-        def one(names: TableNames) -> CompactionReport:
-            if on_table:
-                on_table(names.state)
-            with round_session(spark, workers > 1) as session:
-                return compact(session, catalog, names, policies[names.table], now, force, wait)
-
-        with ThreadPoolExecutor(workers, thread_name_prefix="cdclake-round") as pool:
-            for names, future in [(n, pool.submit(one, n)) for n in due]:
-                try:
-                    reports[names.table] = future.result()
-                except Exception as e:  # noqa: BLE001 - reported with its table after the pass
-                    log.info("compaction of %s failed: %s: %s", names.state, type(e).__name__, e)
-                    failures.append((names.state, e))
-                    del reports[names.table]
+        done, failures = compact_tables(
+            get_spark(settings), catalog, [(n, policies[n.table]) for n in due], now, force, wait, workers, on_table
+        )
+        for report in done:
+            reports[report.table] = report
+        for state, e in failures:
+            log.info("compaction of %s failed: %s: %s", state, type(e).__name__, e)
+            del reports[next(n.table for n in due if n.state == state)]
     log.info(
         "compaction pass over %d tables: %d rounds, %d failed, %d with nothing due",
         len(todo),

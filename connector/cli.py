@@ -38,7 +38,9 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log every 
 @app.command()
 def ingest(
     config: Path | None = ConfigOpt,
-    max_records: int | None = typer.Option(None, help="stop after this many records"),
+    max_records: int | None = typer.Option(
+        None, help="stop after this many new records (those held already are not counted)"
+    ),
     wait: float = WaitOpt,
 ) -> None:
     """Read the source from the committed positions and append to the log tables (exactly once).

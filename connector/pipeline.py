@@ -104,7 +104,7 @@ def ingest(
     max_records: int | None = None,
     make_room: Callable[[list[str]], dict[str, dict[str, int]]] | None = None,
 ) -> IngestStats:
-    """Ingest until the source is caught up (or `max_records` were read).
+    """Ingest until the source is caught up (or `max_records` new records were read).
 
     With a quota gate, a partition that would exceed its table's quota is not committed
     for that table. Policy `fail` raises QuotaExceededError after the batch's other
@@ -153,8 +153,8 @@ def _ingest(
 
 def _one_pass(source: Source, run: _Run, max_records: int | None, fail_fast: bool) -> None:
     job, stats = run.job, run.stats
-    while max_records is None or stats.records < max_records:
-        limit = job.batch_size if max_records is None else min(job.batch_size, max_records - stats.records)
+    while max_records is None or (new := stats.records - stats.duplicates) < max_records:
+        limit = job.batch_size if max_records is None else min(job.batch_size, max_records - new)
         frame = source.next_frame(run.spark, limit)
         if frame is None:
             return

@@ -135,17 +135,33 @@ class Round:
         self.bytes: dict[str, dict[str, int]] = {}  # per table (state, tombstones): bytes per stream
         # the log's snapshot the plan read, where the round leaves no event of it dirty
         self.log_seen: int | None = None
+        # per table ('s', 't') and stream: the bytes the changes add (`writes.bytes_delta`)
+        self.delta: dict[str, dict[str, int]] | None = None
 
     def run(self, force: bool) -> CompactionReport:
-        started = time.monotonic()
+        self.begin(force)
+        self.read()
+        return self.finish()
+
+    def begin(self, force: bool) -> None:
+        """1. The plan, and the round's tables created where they are not yet."""
+        self.started = time.monotonic()
         self.plan(force)
         if not all(self.catalog.table_exists(t) for t in (self.names.state, self.names.tombstones, self.names.stale)):
             schema.ensure_tables(self.spark, self.names)
+
+    def read(self) -> None:
+        """2. - 3. What the round changes (`iceberg.compaction.shared` reads it for several
+        rounds in one job and gives each its part)."""
         if self.report.ranges:
             self.read_dirty()
             self.read_held()
             self.newest_per_key()
             self.record_stale()
+
+    def finish(self) -> CompactionReport:
+        """4. - 8. The writes and the upkeep."""
+        if self.report.ranges:
             self.evolve_schema()
             self.write_tombstones()
             self.write_stale()
@@ -155,7 +171,7 @@ class Round:
         self.purge()
         self.trim_log()
         self.maintain()
-        self.report.seconds = round(time.monotonic() - started, 3)
+        self.report.seconds = round(time.monotonic() - self.started, 3)
         log.info("compaction %s: %s", self.names.state, self.report.summary())
         return self.report
 
@@ -303,23 +319,16 @@ class Round:
         found = [f for f in ((self.ranked if self.report.stale else None), self.late) if f is not None]
         if not found:
             return
-        rows = reduce(
-            DataFrame.unionByName,
-            [
-                f.where(F.col("_stale").isNotNull()).select(
-                    *[c for c, _ in STALE_COLUMNS if c not in ("reason", "compacted_at")],
-                    F.col("_stale").alias("reason"),
-                    F.lit(self.now).alias("compacted_at"),
-                )
-                for f in found
-            ],
-        )
+        rows = stale_rows(found, self.now)
         # the counts first (one job; usually none), the rows only when there are some
         reasons = {r["reason"]: r["n"] for r in rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+        if reasons:
+            self.note_stale(reasons, rows.localCheckpoint(eager=True))
+
+    def note_stale(self, reasons: dict[str, int], rows: DataFrame) -> None:
+        """The round's stale events (`rows`), counted by reason."""
         self.report.stale_reasons, self.report.stale = reasons, sum(reasons.values())
-        if not self.report.stale:
-            return
-        self.stale_rows = rows.localCheckpoint(eager=True)
+        self.stale_rows = rows
         for reason, n in reasons.items():
             STALE.labels(self.names.table, reason).inc(n)
         log.warning(
@@ -346,30 +355,30 @@ class Round:
 
     def count_bytes(self) -> None:
         """The bytes per stream the state and tombstones will hold after the round's MERGEs
-        (recorded with them for ingest's quota usage)."""
-        small = self.report.events <= BROADCAST_ROUND
-        delta = writes.bytes_delta(self.changes, self.held_rows, broadcast=small)
+        (recorded with them for ingest's quota usage; a shared read counted them already)."""
+        if self.delta is None:
+            small = self.report.events <= BROADCAST_ROUND
+            self.delta = writes.bytes_delta(self.changes, self.held_rows, broadcast=small).get((), {})
         for t, name in (("s", self.names.state), ("t", self.names.tombstones)):
-            self.bytes[name] = sum_streams(self.bytes[name], delta.get(t, {}))
+            self.bytes[name] = sum_streams(self.bytes[name], self.delta.get(t, {}))
 
     def recorded(self, name: str) -> dict[str, str]:
         """The snapshot property recording the bytes per stream `name` holds."""
         return STREAM_BYTES.entry({s: b for s, b in self.bytes[name].items() if b})
 
     def write_tombstones(self) -> None:
-        """5. MERGE the tombstones: a delete's own, removed for a key written or truncated."""
-        retention = F.expr(f"INTERVAL {int(self.policy.tombstone_retention.total_seconds())} SECONDS")
-        writes.tombstone_source(self.changes, self.now, retention).createOrReplaceTempView("cdclake_tomb_changes")
+        """5. MERGE the tombstones: a delete's own, removed for a key written or truncated
+        (nothing to write in a round without deletes whose keys hold no tombstone)."""
         tombstones = self.names.tombstones
-        sql = writes.write_sql(
-            self.names.spark(tombstones),
-            "cdclake_tomb_changes",
-            [n for n, _ in META_COLUMNS + TOMBSTONE_EXTRA],
-            "delete",
-            self.held_keys.get(tombstones, []),
-        )
-        writes.write(self.spark, self.catalog, tombstones, sql, self.recorded(tombstones))
-        self.step("merge tombstones")
+        held = self.held_keys.get(tombstones, [])
+        if self.report.deletes or held != []:
+            retention = F.expr(f"INTERVAL {int(self.policy.tombstone_retention.total_seconds())} SECONDS")
+            source = writes.tombstone_source(self.changes, self.now, retention)
+            source.createOrReplaceTempView("cdclake_tomb_changes")
+            columns = [n for n, _ in META_COLUMNS + TOMBSTONE_EXTRA]
+            sql = writes.write_sql(self.names.spark(tombstones), "cdclake_tomb_changes", columns, "delete", held)
+            writes.write(self.spark, self.catalog, tombstones, sql, self.recorded(tombstones))
+            self.step("merge tombstones")
         crash_point("compact.after-tombstones")
 
     def write_stale(self) -> None:
@@ -446,3 +455,18 @@ class Round:
             self.spark, self.catalog, names.catalog, upkeep(self.catalog, names), self.policy.maintenance
         )
         self.step("maintenance")
+
+
+def stale_rows(found: list[DataFrame], now: datetime) -> DataFrame:
+    """The rows of `<t>__stale` for the candidates of `found` with a `_stale` reason."""
+    return reduce(
+        DataFrame.unionByName,
+        [
+            f.where(F.col("_stale").isNotNull()).select(
+                *[c for c, _ in STALE_COLUMNS if c not in ("reason", "compacted_at")],
+                F.col("_stale").alias("reason"),
+                F.lit(now).alias("compacted_at"),
+            )
+            for f in found
+        ],
+    )

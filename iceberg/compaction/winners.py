@@ -77,7 +77,7 @@ def candidate_bounds(ordering: Ordering) -> list[Column]:
 
 def general(
     candidates: DataFrame,
-    dirty: DataFrame,
+    dirty: DataFrame | None,
     ordering: Ordering,
     truncates: Sequence[Truncate] = (),
     carried: bool = False,
@@ -88,6 +88,7 @@ def general(
     winners = dedupe.latest_per_key(ranked).localCheckpoint(eager=True)
     totals = _first(winners.agg(F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")))
     if not carried:
+        assert dirty is not None, "the winners' payload is read from the dirty events"
         winners = with_payload(winners, dirty, broadcast=totals["n"] <= BROADCAST_WINNERS)
     return winners, ranked, totals["n"], totals["stale"] or 0
 

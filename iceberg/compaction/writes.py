@@ -73,12 +73,16 @@ def tombstone_source(changes: DataFrame, now: datetime, retention: Column) -> Da
     )
 
 
-def bytes_delta(changes: DataFrame, held_rows: DataFrame | None, broadcast: bool) -> dict[str, dict[str, int]]:
-    """Per table ('s' the state, 't' the tombstones) and stream, the bytes the changes add:
-    an upsert's (a delete's) row to the state (tombstones), less the row each changed key
-    held. `broadcast`: the changed keys go to every task of the held rows' semi-join."""
+def bytes_delta(
+    changes: DataFrame, held_rows: DataFrame | None, broadcast: bool, by: tuple[str, ...] = ()
+) -> dict[tuple[object, ...], dict[str, dict[str, int]]]:
+    """Per value of the columns `by` (`()` without them), table ('s' the state, 't' the
+    tombstones) and stream, the bytes the changes add: an upsert's (a delete's) row to the
+    state (tombstones), less the row each changed key held. `broadcast`: the changed keys go
+    to every task of the held rows' semi-join."""
     frames = [
         changes.where(F.col("_action").isin("upsert", "delete")).select(
+            *by,
             F.when(F.col("_action") == "delete", "t").otherwise("s").alias("_t"),
             "_topic",
             "_partition_id",
@@ -89,16 +93,17 @@ def bytes_delta(changes: DataFrame, held_rows: DataFrame | None, broadcast: bool
         keys = changes.select("_key")
         frames.append(
             held_rows.join(F.broadcast(keys) if broadcast else keys, "_key", "left_semi").select(
+                *by,
                 F.when(F.col("_op") == "d", "t").otherwise("s").alias("_t"),
                 "_topic",
                 "_partition_id",
                 (-F.col("_payload_bytes")).alias("_b"),
             )
         )
-    delta = reduce(DataFrame.unionByName, frames).groupBy("_t", "_topic", "_partition_id").agg(F.sum("_b"))
-    out: dict[str, dict[str, int]] = {}
-    for t, topic, part, b in delta.collect():
-        out.setdefault(t, {})[f"{topic}:{part}"] = b or 0
+    delta = reduce(DataFrame.unionByName, frames).groupBy(*by, "_t", "_topic", "_partition_id").agg(F.sum("_b"))
+    out: dict[tuple[object, ...], dict[str, dict[str, int]]] = {}
+    for *group, t, topic, part, b in delta.collect():
+        out.setdefault(tuple(group), {}).setdefault(t, {})[f"{topic}:{part}"] = b or 0
     return out
 
 

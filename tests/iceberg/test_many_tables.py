@@ -235,6 +235,53 @@ def test_a_table_whose_round_fails_stops_neither_the_others_nor_its_next_round(s
         assert_matches_model(s, t, events, bounds, "source")
 
 
+def test_small_rounds_are_read_together_and_a_lost_file_fails_its_table_alone(spark, settings, caplog):
+    """Three tables' small rounds are read in one shared job. With the files of one table's
+    state lost (its plan reads none of them), that job fails, each round reads alone, and
+    only that table's round fails; the files back, the next pass compacts it. Every table
+    equals the model."""
+    import logging
+    import shutil
+
+    tables, first = ["g0", "g1", "g2"], 3  # each table's first three events, then all five
+    s, _ = _lake(settings, tables, "shared", STREAM[:first])
+    run_ingest(s)
+    with caplog.at_level(logging.INFO, "iceberg.compaction.job"):
+        assert all(r.ran for r in run_compaction(s, force=True, now=NOW))
+    assert "shared read of 3 tables' rounds" in caplog.text
+    path = write_lines(
+        Path(tempfile.mkdtemp()) / "all.jsonl", [x for t in tables for x in to_lines(STREAM, "source", t)]
+    )
+    s = with_source(s, path)
+    run_ingest(s)
+    events = decoded(path, s)
+    bounds = {
+        t: [len(STREAM) * i + first, len(events)] for i, t in enumerate(tables)
+    }  # g1's first round: g0's five and its three
+    lost = [
+        Path(f.file.file_path.removeprefix("file:"))
+        for f in load_catalog(s).load_table(names(s, "g1").state).scan().plan_files()
+    ]
+    for f in lost:
+        shutil.move(f, f.with_suffix(".away"))
+    caplog.clear()
+    try:
+        with caplog.at_level(logging.INFO, "iceberg.compaction.job"), pytest.raises(RoundsFailed) as failed:
+            run_compaction(s, force=True, now=NOW)
+    finally:
+        for f in lost:
+            shutil.move(f.with_suffix(".away"), f)
+    assert "shared read of 3 rounds failed" in caplog.text and "each reads alone" in caplog.text
+    assert [t for t, _ in failed.value.failures] == [names(s, "g1").state]
+    for t in ("g0", "g2"):
+        assert_matches_model(s, t, events, bounds[t], "source")
+
+    reports = run_compaction(s, force=True, now=NOW)
+    assert {r.table: r.ran for r in reports} == {"g0": False, "g1": True, "g2": False}
+    for t in tables:
+        assert_matches_model(s, t, events, bounds[t], "source")
+
+
 def test_a_table_with_events_left_dirty_is_not_quiet(spark, settings):
     """A round that leaves events dirty (younger than min_compaction_lag) does not make its
     table quiet: a later pass compacts them. After it the table is quiet, though its

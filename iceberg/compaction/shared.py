@@ -1,0 +1,234 @@
+"""A pass over many tables: their rounds planned, then the small ones read together, then each
+written on its own.
+
+A small round (at most `small_round` events, the general route with their payload) costs
+mostly the fixed cost of its Spark queries: the read of its dirty events and held rows, the
+newest change per key, the counts, the bytes per stream. `read_together` runs those queries
+once for a group of such rounds: each table's keys carry the table's index in the group
+(`3/key`), so the ordering rule's window and aggregation, which work per key, work per table
+and key. Each round then takes its part (`Share.give`) and writes its own tables with its own
+commits, as a round alone would: the atomicity, the lease and the crash points are the
+round's. A round with a truncate (its own, or a marker from an earlier one) reads alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from functools import reduce
+
+from pyiceberg.catalog import Catalog
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from iceberg import leases
+from iceberg.compaction import dedupe, winners, writes
+from iceberg.compaction.checkpoints import releasing_checkpoints
+from iceberg.compaction.job import HELD_KEYS_MAX, Round, stale_rows
+from iceberg.compaction.policy import CompactionPolicy
+from iceberg.compaction.report import CompactionReport, has_rows, range_filter, truncate_marker
+from iceberg.layouts import TableNames
+
+log = logging.getLogger("iceberg.compaction.job")
+GROUP_TABLES = 50  # rounds read in one shared job at most
+
+
+def _table() -> Column:
+    """The table's index in its group, from the key it prefixes."""
+    return F.substring_index(F.col("_key"), "/", 1).cast("int")
+
+
+def _unprefixed() -> Column:
+    return F.expr("substr(_key, instr(_key, '/') + 1)")
+
+
+def shareable(r: Round) -> bool:
+    """A planned round that `read_together` can read: events to compact, at most
+    `small_round` of them, and no truncate among them or before them (the table's marker)."""
+    return (
+        bool(r.report.ranges)
+        and r.report.events <= r.policy.small_round
+        and not any(s.truncates for s in r.ranges)
+        and truncate_marker(r.catalog, r.names) is None
+    )
+
+
+@dataclass(frozen=True)
+class Share:
+    """A round's part of a shared read: its rows of the global temp views `changes` and
+    `stale` (the latter None without stale events), by its `index` in the group."""
+
+    changes: str
+    stale: str | None
+    index: int
+    reasons: dict[str, int]
+
+    def frame(self, session: SparkSession, view: str) -> DataFrame:
+        rows = session.table(f"global_temp.{view}").where(F.col("_table") == self.index)
+        return rows.withColumn("_key", _unprefixed()).drop("_table")
+
+    def give(self, r: Round, session: SparkSession) -> None:
+        """Sets what `Round.read` would on `r`, as frames of `session` (its round's own)."""
+        r.spark = session
+        r.dirty = session.table(r.names.spark(r.names.log)).where(range_filter(r.report.ranges))
+        r.changes = self.frame(session, self.changes)
+        if self.stale is not None and self.reasons:
+            r.note_stale(self.reasons, self.frame(session, self.stale))
+
+
+def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[int, Share]:
+    """Reads the planned `rounds` (all `shareable`, one ordering) in shared jobs and sets on each
+    what its own `read` would, but for its frames: per round (by `id`) its `Share` of the
+    views, named after `tag`, that hold them."""
+    started = time.monotonic()
+    ordering = rounds[0].policy.ordering
+    events, held = [], []
+    for i, r in enumerate(rounds):
+        dirty = spark.table(r.names.spark(r.names.log)).where(range_filter(r.report.ranges))
+        own = winners.log_candidates(dirty, payload=True)
+        events.append(own.withColumn("_key", F.concat(F.lit(f"{i}/"), "_key")))
+        round_keys = F.broadcast(own.select("_key"))
+        for name, op in ((r.names.state, None), (r.names.tombstones, "d")):
+            if has_rows(r.catalog, name):
+                rows = winners.held(spark.table(r.names.spark(name)).join(round_keys, "_key", "left_semi"), op)
+                held.append(rows.withColumn("_key", F.concat(F.lit(f"{i}/"), "_key")))
+    candidates = reduce(DataFrame.unionByName, events)
+    held_rows = None
+    if held:
+        held_rows = reduce(DataFrame.unionByName, held).localCheckpoint(eager=True)
+        candidates = candidates.unionByName(held_rows)
+    found, ranked, _, stale = winners.general(candidates, None, ordering, carried=True)
+    changes = (
+        dedupe.resolve(found, None, ordering)
+        .withColumn("_table", _table())
+        .coalesce(spark.sparkContext.defaultParallelism)
+        .localCheckpoint(eager=True)
+    )
+    upsert = F.col("_action") == "upsert"
+    counts = {
+        r["_table"]: r
+        for r in changes.groupBy("_table")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(upsert.cast("int")).alias("up"),
+            F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),
+        )
+        .collect()
+    }
+    keys: dict[int, int] = dict(found.groupBy(_table()).agg(F.count(F.lit(1))).collect())
+    held_keys: dict[int, list[tuple[str, bool]]] = {}
+    if held_rows is not None:
+        for key, deleted in held_rows.select("_key", F.col("_op").eqNullSafe("d")).collect():
+            i, key = key.split("/", 1)
+            held_keys.setdefault(int(i), []).append((key, deleted))
+    tagged = held_rows.withColumn("_table", _table()) if held_rows is not None else None
+    delta = writes.bytes_delta(changes, tagged, broadcast=True, by=("_table",))
+    reasons: dict[int, dict[str, int]] = {}
+    changes_view, stale_view = f"cdclake_{tag}_changes", None
+    changes.createOrReplaceGlobalTempView(changes_view)
+    if stale:
+        rows = stale_rows([ranked], rounds[0].now).withColumn("_table", _table()).localCheckpoint(eager=True)
+        for i, reason, n in rows.groupBy("_table", "reason").count().collect():
+            reasons.setdefault(i, {})[reason] = n
+        stale_view = f"cdclake_{tag}_stale"
+        rows.createOrReplaceGlobalTempView(stale_view)
+    shares = {}
+    for i, r in enumerate(rounds):  # no Spark job from here: a failure above leaves every round as it was
+        c = counts.get(i)
+        r.signatures = c["signatures"] if c else []
+        r.report.upserts, r.report.truncated = (c["up"] or 0) if c else 0, 0
+        r.report.deletes = (c["n"] if c else 0) - r.report.upserts
+        r.report.keys = keys.get(i, 0)
+        r.delta = delta.get((i,), {})
+        mine = held_keys.get(i, [])
+        for name, op in ((r.names.state, None), (r.names.tombstones, "d")):
+            named = [k for k, d in mine if d == (op == "d")]
+            r.held_keys[name] = named if len(named) <= HELD_KEYS_MAX else None
+        shares[id(r)] = Share(changes_view, stale_view, i, reasons.get(i, {}))
+    log.info(
+        "shared read of %d tables' rounds (%s events) took %.2f s",
+        len(rounds),
+        f"{sum(r.report.events for r in rounds):,}",
+        time.monotonic() - started,
+    )
+    return shares
+
+
+def compact_tables(
+    spark: SparkSession,
+    catalog: Catalog,
+    due: list[tuple[TableNames, CompactionPolicy]],
+    now: datetime,
+    force: bool,
+    wait: float,
+    workers: int,
+    on_table: Callable[[str], None] | None = None,
+) -> tuple[list[CompactionReport], list[tuple[str, BaseException]]]:
+    """The rounds of the `due` tables, `workers` at a time, each in a Spark session of its own
+    (`iceberg.spark.round_session`) holding its table's lease: planned, the small ones read
+    together, then each finished. Returns the reports and, per table whose round failed, what
+    it raised (the others' rounds go on; a failed shared read leaves each round to read alone)."""
+    from iceberg.spark import round_session
+
+    own = workers > 1
+    failures: dict[str, BaseException] = {}
+
+    def begin(names: TableNames, policy: CompactionPolicy) -> tuple[Round, bool]:
+        if on_table:
+            on_table(names.state)
+        lease = leases.acquire(catalog, names.state, "compaction", wait)
+        try:
+            with round_session(spark, own) as session:
+                r = Round(session, catalog, names, policy, now, lease)
+                r.begin(force)
+                return r, shareable(r)
+        except BaseException:
+            lease.release()
+            raise
+
+    def finish(r: Round, share: Share | None) -> CompactionReport:
+        try:
+            with round_session(spark, own) as session:
+                r.spark = session
+                if share is not None:
+                    share.give(r, session)
+                else:
+                    r.read()
+                return r.finish()
+        finally:
+            assert r.step.lease is not None
+            r.step.lease.release()
+
+    with releasing_checkpoints(spark), ThreadPoolExecutor(workers, thread_name_prefix="cdclake-round") as pool:
+        planned: list[tuple[Round, bool]] = []
+        for (names, _), begun in [(d, pool.submit(begin, *d)) for d in due]:
+            try:
+                planned.append(begun.result())
+            except Exception as e:  # noqa: BLE001 - reported with its table after the pass
+                failures[names.state] = e
+        shares: dict[int, Share] = {}
+        for ordering in sorted({r.policy.ordering for r, ok in planned if ok}):
+            group = [r for r, ok in planned if ok and r.policy.ordering == ordering]
+            for start in range(0, len(group), GROUP_TABLES) if len(group) > 1 else ():
+                chunk = group[start : start + GROUP_TABLES]
+                try:
+                    shares |= read_together(spark, chunk, uuid.uuid4().hex[:12])
+                except Exception as e:  # noqa: BLE001 - each of its rounds reads alone, and fails alone
+                    why = f"{type(e).__name__}: {e}"
+                    log.warning("shared read of %d rounds failed (%s): each reads alone", len(chunk), why)
+        reports = []
+        try:
+            for r, finished in [(r, pool.submit(finish, r, shares.get(id(r)))) for r, _ in planned]:
+                try:
+                    reports.append(finished.result())
+                except Exception as e:  # noqa: BLE001 - reported with its table after the pass
+                    failures[r.names.state] = e
+        finally:
+            for view in {v for s in shares.values() for v in (s.changes, s.stale) if v}:
+                spark.catalog.dropGlobalTempView(view)
+    return reports, [(n.state, failures[n.state]) for n, _ in due if n.state in failures]
