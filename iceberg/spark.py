@@ -152,14 +152,16 @@ def _ship_code(spark: SparkSession, settings: Settings) -> None:
 
 _FREE_SESSIONS: list[SparkSession] = []
 _SESSIONS_LOCK = threading.Lock()
+_HELD: dict[int, dict[str, str]] = {}  # per kept session (by id): the settings it holds
 
 
 @contextmanager
-def round_session(spark: SparkSession, own: bool) -> Iterator[SparkSession]:
+def round_session(spark: SparkSession, own: bool, conf: dict[str, str] | None = None) -> Iterator[SparkSession]:
     """The session a compaction round runs in: with `own`, one no other running round uses
     (its temp views and snapshot properties are its own; it takes the SQL settings of
-    `spark` set since), with its jobs in a fair-scheduler pool of the thread's name. Sessions
-    are kept for the next rounds (each holds its catalog's connections)."""
+    `spark` set since, or `conf`, those settings as the caller read them: each read is a
+    call to the JVM per setting), with its jobs in a fair-scheduler pool of the thread's
+    name. Sessions are kept for the next rounds (each holds its catalog's connections)."""
     if not own:
         yield spark
         return
@@ -170,10 +172,12 @@ def round_session(spark: SparkSession, own: bool) -> Iterator[SparkSession]:
             _FREE_SESSIONS.remove(session)
     if session is None:
         session = spark.newSession()
-    held = session.conf.getAll  # not `SET`, whose values of secret keys are redacted
-    for k, v in spark.conf.getAll.items():
+        _HELD[id(session)] = session.conf.getAll  # not `SET`, whose values of secret keys are redacted
+    held = _HELD[id(session)]
+    for k, v in (spark.conf.getAll if conf is None else conf).items():
         if held.get(k) != v:
             session.conf.set(k, v)
+            held[k] = v
     sc = spark.sparkContext
     sc.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
     try:

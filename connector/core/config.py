@@ -175,8 +175,9 @@ class CompactionConfig(Section):
         4,
         gt=0,
         le=64,
-        description="rounds of this many tables run at once in the one Spark application, each in a "
-        "session of its own (a table with nothing due costs no round: its commits' metadata says so)",
+        description="rounds of this many tables write at once in the one Spark application, each in a "
+        "session of its own, after the small rounds' reads are shared (a table with nothing due costs no "
+        "round: its commits' metadata says so)",
     )
 
 

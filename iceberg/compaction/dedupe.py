@@ -280,10 +280,12 @@ def arrow_bounds(
         "seq_min": pc.min(seq).as_py(),
         "seq_max": pc.max(seq).as_py(),
     }
-    for i in range(MAX_POSITION):
-        longer = pc.greater(size, i).fill_null(False)
-        element = pc.list_element(position.filter(longer), i) if pc.any(longer).as_py() else pa.array([], pa.int64())
-        out[f"lo{i}"], out[f"hi{i}"] = pc.min(element).as_py(), pc.max(element).as_py()
+    longest = min(out["size_max"] or 0, MAX_POSITION)
+    for i in range(MAX_POSITION):  # past the longest position, no element: None, as Spark's min and max
+        out[f"lo{i}"] = out[f"hi{i}"] = None
+        if i < longest:
+            element = pc.list_element(position.filter(pc.greater(size, i).fill_null(False)), i)
+            out[f"lo{i}"], out[f"hi{i}"] = pc.min(element).as_py(), pc.max(element).as_py()
     return out
 
 

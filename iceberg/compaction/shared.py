@@ -9,6 +9,9 @@ once for a group of such rounds: each table's keys carry the table's index in th
 and key. Each round then takes its part (`Share.give`) and writes its own tables with its own
 commits, as a round alone would: the atomicity, the lease and the crash points are the
 round's. A round with a truncate (its own, or a marker from an earlier one) reads alone.
+The jobs still load and plan every table they read (Spark's Iceberg catalog keeps no cache,
+as pyiceberg commits to the same tables): they share their scheduling, not the tables'
+metadata.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pyspark.sql import functions as F
 from iceberg import leases
 from iceberg.compaction import dedupe, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
-from iceberg.compaction.job import HELD_KEYS_MAX, Round, stale_rows
+from iceberg.compaction.job import BROADCAST_ROUND, HELD_KEYS_MAX, Round, stale_rows
 from iceberg.compaction.policy import CompactionPolicy
 from iceberg.compaction.report import CompactionReport, has_rows, range_filter, truncate_marker
 from iceberg.layouts import TableNames
@@ -41,6 +44,10 @@ GROUP_TABLES = 50  # rounds read in one shared job at most
 def _table() -> Column:
     """The table's index in its group, from the key it prefixes."""
     return F.substring_index(F.col("_key"), "/", 1).cast("int")
+
+
+def _prefixed(i: int) -> Column:
+    return F.concat(F.lit(f"{i}/"), F.col("_key"))
 
 
 def _unprefixed() -> Column:
@@ -90,17 +97,21 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
     events, held = [], []
     for i, r in enumerate(rounds):
         dirty = spark.table(r.names.spark(r.names.log)).where(range_filter(r.report.ranges))
-        own = winners.log_candidates(dirty, payload=True)
-        events.append(own.withColumn("_key", F.concat(F.lit(f"{i}/"), "_key")))
-        round_keys = F.broadcast(own.select("_key"))
+        events.append(winners.log_candidates(dirty, payload=True).withColumn("_key", _prefixed(i)))
         for name, op in ((r.names.state, None), (r.names.tombstones, "d")):
             if has_rows(r.catalog, name):
-                rows = winners.held(spark.table(r.names.spark(name)).join(round_keys, "_key", "left_semi"), op)
-                held.append(rows.withColumn("_key", F.concat(F.lit(f"{i}/"), "_key")))
-    candidates = reduce(DataFrame.unionByName, events)
+                held.append(winners.held(spark.table(r.names.spark(name)), op).withColumn("_key", _prefixed(i)))
+    # the logs read once; the held tables' rows for the round's keys in one semi-join
+    candidates = reduce(DataFrame.unionByName, events).localCheckpoint(eager=True)
     held_rows = None
     if held:
-        held_rows = reduce(DataFrame.unionByName, held).localCheckpoint(eager=True)
+        wanted = candidates.select("_key")
+        many = sum(r.report.events for r in rounds) > BROADCAST_ROUND
+        held_rows = (
+            reduce(DataFrame.unionByName, held)
+            .join(wanted.distinct() if many else F.broadcast(wanted), "_key", "left_semi")
+            .localCheckpoint(eager=True)
+        )
         candidates = candidates.unionByName(held_rows)
     found, ranked, _, stale = winners.general(candidates, None, ordering, carried=True)
     changes = (
@@ -130,13 +141,13 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
     delta = writes.bytes_delta(changes, tagged, broadcast=True, by=("_table",))
     reasons: dict[int, dict[str, int]] = {}
     changes_view, stale_view = f"cdclake_{tag}_changes", None
-    changes.createOrReplaceGlobalTempView(changes_view)
     if stale:
         rows = stale_rows([ranked], rounds[0].now).withColumn("_table", _table()).localCheckpoint(eager=True)
         for i, reason, n in rows.groupBy("_table", "reason").count().collect():
             reasons.setdefault(i, {})[reason] = n
         stale_view = f"cdclake_{tag}_stale"
         rows.createOrReplaceGlobalTempView(stale_view)
+    changes.createOrReplaceGlobalTempView(changes_view)
     shares = {}
     for i, r in enumerate(rounds):  # no Spark job from here: a failure above leaves every round as it was
         c = counts.get(i)
@@ -169,13 +180,15 @@ def compact_tables(
     workers: int,
     on_table: Callable[[str], None] | None = None,
 ) -> tuple[list[CompactionReport], list[tuple[str, BaseException]]]:
-    """The rounds of the `due` tables, `workers` at a time, each in a Spark session of its own
-    (`iceberg.spark.round_session`) holding its table's lease: planned, the small ones read
-    together, then each finished. Returns the reports and, per table whose round failed, what
-    it raised (the others' rounds go on; a failed shared read leaves each round to read alone)."""
+    """The rounds of the `due` tables, each holding its table's lease: planned one after the
+    other, the small ones read together, then each finished, `workers` at a time, in a Spark
+    session of its own (`iceberg.spark.round_session`). Returns the reports and, per table
+    whose round failed, what it raised (the others' rounds go on; a failed shared read leaves
+    each of its rounds to read alone)."""
     from iceberg.spark import round_session
 
     own = workers > 1
+    conf = spark.conf.getAll if own else None  # read once for the pass's sessions
     failures: dict[str, BaseException] = {}
 
     def begin(names: TableNames, policy: CompactionPolicy) -> tuple[Round, bool]:
@@ -183,7 +196,7 @@ def compact_tables(
             on_table(names.state)
         lease = leases.acquire(catalog, names.state, "compaction", wait)
         try:
-            with round_session(spark, own) as session:
+            with round_session(spark, own, conf) as session:
                 r = Round(session, catalog, names, policy, now, lease)
                 r.begin(force)
                 return r, shareable(r)
@@ -193,7 +206,7 @@ def compact_tables(
 
     def finish(r: Round, share: Share | None) -> CompactionReport:
         try:
-            with round_session(spark, own) as session:
+            with round_session(spark, own, conf) as session:
                 r.spark = session
                 if share is not None:
                     share.give(r, session)
@@ -204,13 +217,15 @@ def compact_tables(
             assert r.step.lease is not None
             r.step.lease.release()
 
+    started = time.monotonic()
     with releasing_checkpoints(spark), ThreadPoolExecutor(workers, thread_name_prefix="cdclake-round") as pool:
         planned: list[tuple[Round, bool]] = []
-        for (names, _), begun in [(d, pool.submit(begin, *d)) for d in due]:
+        for names, policy in due:  # one after the other: the plans are Python (pyiceberg), threads slow them
             try:
-                planned.append(begun.result())
+                planned.append(begin(names, policy))
             except Exception as e:  # noqa: BLE001 - reported with its table after the pass
                 failures[names.state] = e
+        times = [time.monotonic() - started]
         shares: dict[int, Share] = {}
         for ordering in sorted({r.policy.ordering for r, ok in planned if ok}):
             group = [r for r, ok in planned if ok and r.policy.ordering == ordering]
@@ -221,6 +236,7 @@ def compact_tables(
                 except Exception as e:  # noqa: BLE001 - each of its rounds reads alone, and fails alone
                     why = f"{type(e).__name__}: {e}"
                     log.warning("shared read of %d rounds failed (%s): each reads alone", len(chunk), why)
+        times.append(time.monotonic() - started - sum(times))
         reports = []
         try:
             for r, finished in [(r, pool.submit(finish, r, shares.get(id(r)))) for r, _ in planned]:
@@ -231,4 +247,6 @@ def compact_tables(
         finally:
             for view in {v for s in shares.values() for v in (s.changes, s.stale) if v}:
                 spark.catalog.dropGlobalTempView(view)
+    times.append(time.monotonic() - started - sum(times))
+    log.info("pass of %d rounds: planned in %.2f s, read together in %.2f s, finished in %.2f s", len(due), *times)
     return reports, [(n.state, failures[n.state]) for n, _ in due if n.state in failures]

@@ -1,8 +1,8 @@
 """Many tables against one: N tables x E events, and one table of N x E events, through the
 same ingest and compaction in one run (`python -m tests.bench --tables N`). Prints both times,
 their ratio, a pass over the N tables when nothing is due, and one after 2% more events come
-to every table (below the dirty ratio that makes a round due); checks every table's live keys
-against the stream's."""
+to every table (below the dirty ratio that makes a round due), and that pass forced (small
+rounds into the rows held for their keys); checks every table's live keys against the stream's."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def run(root: Path, args, console) -> dict:
     many = _settings(root, f"bench_{tables}_tables", many_src, args)
     more = _settings(root, f"bench_{tables}_tables", more_src, args)
     runs: dict[str, list[float]] = {k: [] for k in ("one_ingest", "one_compact", "ingest", "compact", "idle")}
-    runs["not_due"] = []
+    runs["not_due"], runs["again"] = [], []
     for i in range(args.repeat):
         for s in (one, many):
             systems.drop_namespace(s)
@@ -86,11 +86,12 @@ def run(root: Path, args, console) -> dict:
         runs["not_due"].append(time.perf_counter() - t)
         if ran:
             console.print(f"[red]{len(ran)} tables ran a round with {MORE:.0%} more events: {ran[:5]}[/red]")
+        runs["again"].append(_timed(run_compaction, more, force=True))  # rounds with rows held for their keys
         last = {k: v[-1] for k, v in runs.items()}
         console.print(
             f"run {i + 1} of {args.repeat}: one table {last['one_ingest']:.1f} + {last['one_compact']:.1f} s, "
             f"{tables} tables {last['ingest']:.1f} + {last['compact']:.1f} s, idle pass {last['idle']:.2f} s, "
-            f"pass with events not due {last['not_due']:.2f} s"
+            f"pass with events not due {last['not_due']:.2f} s, forced {last['again']:.1f} s"
         )
     fig = {"tables": tables, "events_per_table": events, "keys_per_table": keys, "runs_s": runs}
     for k, v in runs.items():
@@ -116,7 +117,8 @@ def report(fig: dict, console) -> None:
         f"{n} tables x {e:,} events: ingest {spread('ingest')}, compaction {spread('compact')}\n"
         f"ratio {n} tables / one table: ingest {fig['ingest_ratio']:.2f}, compaction {fig['compact_ratio']:.2f}\n"
         f"a pass over the {n} tables with nothing due: {spread('idle')}\n"
-        f"a pass over the {n} tables after {MORE:.0%} more events each (not due): {spread('not_due')}"
+        f"a pass over the {n} tables after {MORE:.0%} more events each (not due): {spread('not_due')}\n"
+        f"the same pass forced (a round of {max(1, int(e * MORE))} events a table, into held rows): {spread('again')}"
     )
     checks = [
         (f"compaction within {COMPACTION_RATIO}x of one table's", fig["compact_ratio"] <= COMPACTION_RATIO),
