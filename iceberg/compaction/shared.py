@@ -218,32 +218,37 @@ def compact_tables(
             r.step.lease.release()
 
     started = time.monotonic()
+    planned: list[tuple[Round, bool]] = []
+    shares: dict[int, Share] = {}
+    reports = []
     with releasing_checkpoints(spark), ThreadPoolExecutor(workers, thread_name_prefix="cdclake-round") as pool:
-        planned: list[tuple[Round, bool]] = []
-        for names, policy in due:  # one after the other: the plans are Python (pyiceberg), threads slow them
-            try:
-                planned.append(begin(names, policy))
-            except Exception as e:  # noqa: BLE001 - reported with its table after the pass
-                failures[names.state] = e
-        times = [time.monotonic() - started]
-        shares: dict[int, Share] = {}
-        for ordering in sorted({r.policy.ordering for r, ok in planned if ok}):
-            group = [r for r, ok in planned if ok and r.policy.ordering == ordering]
-            for start in range(0, len(group), GROUP_TABLES) if len(group) > 1 else ():
-                chunk = group[start : start + GROUP_TABLES]
-                try:
-                    shares |= read_together(spark, chunk, uuid.uuid4().hex[:12])
-                except Exception as e:  # noqa: BLE001 - each of its rounds reads alone, and fails alone
-                    why = f"{type(e).__name__}: {e}"
-                    log.warning("shared read of %d rounds failed (%s): each reads alone", len(chunk), why)
-        times.append(time.monotonic() - started - sum(times))
-        reports = []
         try:
+            for names, policy in due:  # one after the other: the plans are Python (pyiceberg), threads slow them
+                try:
+                    planned.append(begin(names, policy))
+                except Exception as e:  # noqa: BLE001 - reported with its table after the pass
+                    failures[names.state] = e
+            times = [time.monotonic() - started]
+            for ordering in sorted({r.policy.ordering for r, ok in planned if ok}):
+                group = [r for r, ok in planned if ok and r.policy.ordering == ordering]
+                for start in range(0, len(group), GROUP_TABLES) if len(group) > 1 else ():
+                    chunk = group[start : start + GROUP_TABLES]
+                    try:
+                        shares |= read_together(spark, chunk, uuid.uuid4().hex[:12])
+                    except Exception as e:  # noqa: BLE001 - each of its rounds reads alone, and fails alone
+                        why = f"{type(e).__name__}: {e}"
+                        log.warning("shared read of %d rounds failed (%s): each reads alone", len(chunk), why)
+            times.append(time.monotonic() - started - sum(times))
             for r, finished in [(r, pool.submit(finish, r, shares.get(id(r)))) for r, _ in planned]:
                 try:
                     reports.append(finished.result())
                 except Exception as e:  # noqa: BLE001 - reported with its table after the pass
                     failures[r.names.state] = e
+        except BaseException:  # interrupted: no planned round keeps its table's lease
+            for r, _ in planned:
+                assert r.step.lease is not None
+                r.step.lease.release()
+            raise
         finally:
             for view in {v for s in shares.values() for v in (s.changes, s.stale) if v}:
                 spark.catalog.dropGlobalTempView(view)

@@ -282,6 +282,31 @@ def test_small_rounds_are_read_together_and_a_lost_file_fails_its_table_alone(sp
         assert_matches_model(s, t, events, bounds[t], "source")
 
 
+def test_an_interrupted_pass_keeps_no_lease(spark, settings, monkeypatch):
+    """A pass stopped after its rounds were planned (each holding its table's lease) leaves
+    every lease free: the next pass compacts the tables at once, and each equals the model."""
+    from iceberg.compaction import shared
+
+    tables = ["i0", "i1"]
+    s, path = _lake(settings, tables, "interrupted")
+    run_ingest(s)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shared, "read_together", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_compaction(s, force=True, now=NOW)
+    monkeypatch.undo()
+    catalog = load_catalog(s)
+    for t in tables:  # LeaseHeldError where a lease was kept
+        leases.acquire(catalog, names(s, t).state, "compaction").release()
+    assert all(r.ran for r in run_compaction(s, force=True, now=NOW))
+    events = decoded(path, s)
+    for t in tables:
+        assert_matches_model(s, t, events, [len(events)], "source")
+
+
 def test_a_table_with_events_left_dirty_is_not_quiet(spark, settings):
     """A round that leaves events dirty (younger than min_compaction_lag) does not make its
     table quiet: a later pass compacts them. After it the table is quiet, though its
