@@ -244,7 +244,7 @@ def test_small_rounds_are_read_together_and_a_lost_file_fails_its_table_alone(sp
     import shutil
 
     tables, first = ["g0", "g1", "g2"], 3  # each table's first three events, then all five
-    s, _ = _lake(settings, tables, "shared", STREAM[:first])
+    s, _ = _lake(settings, tables, "together", STREAM[:first])
     run_ingest(s)
     with caplog.at_level(logging.INFO, "iceberg.compaction.job"):
         assert all(r.ran for r in run_compaction(s, force=True, now=NOW))
