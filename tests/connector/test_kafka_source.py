@@ -145,6 +145,26 @@ def test_a_backlog_read_in_many_batches_keeps_one_consumer_per_partition(spark, 
     assert ours == 2 and after - before <= 2
 
 
+@pytest.mark.spark
+def test_a_batch_over_many_partitions_is_read_in_few_tasks_each_record_once(spark, settings, kafka):
+    """A batch over more partitions than twice the cores reads them in that many tasks (each
+    task is a Python worker's turn); every record reaches the log once, at its position."""
+    from connector.sources.kafka import KafkaSource
+
+    topic = new_topic(kafka, 12)
+    produce(kafka, topic, [(i % 12, i, "c") for i in range(36)])
+    s = kafka_settings(settings, kafka, topic, batch_size=1000)
+    source = KafkaSource(s.source)
+    try:
+        source.seek({})
+        tasks = source.next_frame(spark, 1000).rdd.getNumPartitions()
+    finally:
+        source.close()
+    assert tasks <= 2 * spark.sparkContext.defaultParallelism < 12
+    assert run_ingest(s).batches == 1
+    assert log_positions(s, topic.rsplit(".", 1)[1]) == [(p, o) for p in range(12) for o in range(3)]
+
+
 def event_hubs_endpoint(kafka) -> dict:
     """Event Hubs' Kafka endpoint as the local broker's SASL listener plays it."""
     return {
