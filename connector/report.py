@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich import box
 from rich.console import Console
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from connector.core.config import Settings
 
 console = Console()
+T = TypeVar("T")
 NUMBER = re.compile(r"-?[\d,]+(\.\d+)?( [KMGT]?B)?|-|(\d+[dhm] )?\d+[hms]")  # 1,234  1.5 KB  4m 10s
 
 
@@ -319,34 +321,63 @@ def print_query(settings: Settings, sql: str, limit: int, engine: str = "spark")
     show(table)
 
 
+# A report of more tables than this shows the busiest ones and sums up the rest in a line
+# (`cdclake status` has a line for every table)
+REPORT_ROWS = 20
+
+
+def busiest(rows: list[T], size: Callable[[T], int]) -> tuple[list[T], list[T]]:
+    """`rows` as they are where they fit the report, else the `REPORT_ROWS` largest by `size`
+    (in their order) and the others."""
+    if len(rows) <= REPORT_ROWS:
+        return rows, []
+    top = set(sorted(range(len(rows)), key=lambda i: -size(rows[i]))[:REPORT_ROWS])
+    return [r for i, r in enumerate(rows) if i in top], [r for i, r in enumerate(rows) if i not in top]
+
+
 def print_ingest(stats: Any) -> None:
+    """A row per table with records, the busiest `REPORT_ROWS` of them where there are more
+    (and a line summing up the others)."""
     table = table_of(
         "table",
         "accepted",
         "dead letters",
         title=f"ingested {stats.records:,} records ({stats.duplicates:,} already held, skipped)",
     )
-    for name in sorted(set(stats.accepted) | set(stats.dead_letters)):
-        table.add_row(name, f"{stats.accepted.get(name, 0):,}", f"{stats.dead_letters.get(name, 0):,}")
+    counts = [
+        (name, stats.accepted.get(name, 0), stats.dead_letters.get(name, 0))
+        for name in sorted(set(stats.accepted) | set(stats.dead_letters))
+    ]
+    shown, rest = busiest(counts, lambda c: c[1] + c[2])
+    for name, accepted, letters in shown:
+        table.add_row(name, f"{accepted:,}", f"{letters:,}")
     show(table)
+    if rest:
+        accepted, letters = sum(c[1] for c in rest), sum(c[2] for c in rest)
+        console.print(Text(f"and {len(rest):,} more tables: {accepted:,} accepted, {letters:,} dead letters"))
 
 
 def print_compaction(reports: list[Any]) -> None:
-    """One row per table whose round ran, then a line for each table's stale events,
+    """One row per table whose round ran (the `REPORT_ROWS` with the most events where more
+    ran, and a line summing up the others), then a line for each table's stale events,
     truncates, dead letters, purged tombstones and maintenance, where it has any, and how many
     tables had nothing due."""
     table = table_of("table", "events", "keys", "upserts", "deletes", "stale", "seconds", title="compaction")
-    notes = []
     ran = [r for r in reports if r.ran]
-    for r in ran:
+    shown, rest = busiest(ran, lambda r: r.events)
+    for r in shown:
         table.add_row(
             r.table,
             *[f"{n:,}" for n in (r.events, r.keys, r.upserts, r.deletes, r.stale)],
             f"{r.seconds:.1f}",
         )
-        notes += [f"{r.table}: {note}" for note in compaction_notes(r)]
     if ran:
         show(table)
+    if rest:
+        figures = ("events", "keys", "upserts", "deletes", "stale")
+        sums = ", ".join(f"{sum(getattr(r, f) for r in rest):,} {f}" for f in figures)
+        console.print(Text(f"and {len(rest):,} more tables: {sums}"), soft_wrap=True)
+    notes = [f"{r.table}: {note}" for r in ran for note in compaction_notes(r)]
     for line in notes:
         console.print(Text(line), soft_wrap=True)
     if len(ran) < len(reports):

@@ -58,6 +58,29 @@ def test_the_compaction_report_is_one_table_that_fits_80_columns(monkeypatch):
     assert lines[-1] == "1 of 3 tables: nothing due" and not [line for line in lines if line.startswith("quiet")]
 
 
+def test_reports_of_50_tables_show_the_20_busiest_and_sum_up_the_rest(monkeypatch):
+    from types import SimpleNamespace
+
+    events = {f"t{i:02d}": (i * 37) % 50 * 100 for i in range(50)}  # 0 ... 4,900, each once
+    busiest = sorted(events, key=events.__getitem__)[-20:]
+    quiet = [t for t in events if t not in busiest]
+    reports = [CompactionReport(t, events=n, keys=n // 10, upserts=n // 2, deletes=1) for t, n in events.items()]
+    lines = printed(monkeypatch, 80, report.print_compaction, reports)
+    assert sorted(line.split()[0] for line in lines if line.startswith("t") and line[1].isdigit()) == sorted(busiest)
+    rest = sum(events[t] for t in quiet)
+    assert lines[-1] == (
+        f"and 30 more tables: {rest:,} events, {sum(events[t] // 10 for t in quiet):,} keys, "
+        f"{sum(events[t] // 2 for t in quiet):,} upserts, 30 deletes, 0 stale"
+    )
+    stats = SimpleNamespace(records=sum(events.values()), duplicates=0, accepted=events, dead_letters={"t00": 3})
+    lines = printed(monkeypatch, 80, report.print_ingest, stats)
+    shown = {line.split()[0] for line in lines if line.startswith("t") and line[1].isdigit()}
+    assert "t00" not in shown and shown == set(busiest)  # t00: no record accepted, 3 dead letters
+    assert lines[-1] == f"and 30 more tables: {rest:,} accepted, 3 dead letters"
+    few = printed(monkeypatch, 80, report.print_ingest, SimpleNamespace(**{**vars(stats), "accepted": {"a": 1}}))
+    assert [line.split() for line in few if line.startswith(("a ", "t00"))] == [["a", "1", "0"], ["t00", "0", "3"]]
+
+
 def test_a_table_too_wide_for_the_console_prints_its_rows_as_lines(monkeypatch):
     table = report.table_of("key", "value", title="wide")
     table.add_row("k", "word " * 30)
