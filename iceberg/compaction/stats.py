@@ -270,8 +270,13 @@ def in_order(segments: Sequence[Segment | None]) -> bool:
 
 
 def _per_stream(rows: pa.Table, points: dict[str, int], streams: list[str]) -> Iterator[tuple[str, pa.Table]]:
-    """Each stream's rows of a chunk at or past its cleaner point."""
-    for stream in streams:
+    """Each stream's rows of a chunk at or past its cleaner point. Only the streams the chunk
+    holds are filtered for: a table's log records the positions of every stream its ingest
+    run read (200 for a table of a topic of 2 partitions among 100), and a filter per stream
+    and chunk made the plan of such a table 0.24 s."""
+    present = rows.group_by(["topic", "partition"]).aggregate([])
+    held = {f"{t}:{p}" for t, p in zip(present["topic"].to_pylist(), present["partition"].to_pylist())}
+    for stream in (s for s in streams if s in held):
         topic, part = stream.rsplit(":", 1)
         mine = rows.filter(
             pc.and_(
@@ -327,14 +332,14 @@ def stream_stats(
     if clean is None:
         clean = held_bytes(state, load_optional(catalog, names.tombstones))
     out = []
+    none = _bounds(log.schema().select(*columns).as_arrow().empty_table(), policy)["bounds"] if bounds else None
     for stream, d in totals.items():
         point = points.get(stream, 0)
         end = young.get(stream, d.max_seq + 1 if d.max_seq is not None else point)
         planned: dict[str, Any] = {}
         if bounds:
-            empty = log.schema().select(*columns).as_arrow().empty_table()
             planned = {
-                "bounds": d.bounds or _bounds(empty, policy)["bounds"],
+                "bounds": d.bounds or none,
                 "truncates": d.truncates,
                 "monotone": in_order(d.segments),
             }
