@@ -1,5 +1,5 @@
-"""What a compaction round records and reads about its table: its report, the truncate
-marker, the cheap checks made from metadata (has rows, may hold an expired tombstone), the
+"""What a compaction round records and reads about its table: its report, the cheap checks
+made from metadata (has rows, may hold an expired tombstone), the
 round's truncates, and its progress step by step. The snapshot properties it writes are
 `iceberg.summary_keys`."""
 
@@ -13,15 +13,14 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import BooleanExpression, LessThanOrEqual
+from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from connector.core.ordering import Ordering, Truncate
 from iceberg import leases
 from iceberg.compaction.policy import CleanRange
-from iceberg.layouts import TableNames
 from iceberg.maintenance import sql_literal
-from iceberg.summary_keys import TRUNCATE
 
 log = logging.getLogger("iceberg.compaction.job")  # the round's progress lines, with the job's own
 
@@ -62,7 +61,12 @@ def range_filter(ranges: list[CleanRange]) -> str:
 
 
 def has_rows(catalog: Catalog, name: str) -> bool:
-    snapshot = catalog.load_table(name).current_snapshot()
+    return holds_rows(catalog.load_table(name))
+
+
+def holds_rows(table: Table) -> bool:
+    """Whether the table's current snapshot holds rows (its summary's total, no file read)."""
+    snapshot = table.current_snapshot()
     summary = snapshot.summary if snapshot is not None else None
     return summary is not None and int(summary.additional_properties.get("total-records", 1)) > 0
 
@@ -111,11 +115,6 @@ def round_truncates(dirty: DataFrame, ordering: Ordering) -> list[Truncate]:
         for r in rows
     ]
     return sorted(found, key=lambda t: t.newness(ordering))
-
-
-def truncate_marker(catalog: Catalog, names: TableNames) -> Truncate | None:
-    """The table's truncate marker, from the newest state snapshot that carries one."""
-    return TRUNCATE.read(catalog.load_table(names.state))
 
 
 class Steps:

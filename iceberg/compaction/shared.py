@@ -33,7 +33,7 @@ from iceberg.compaction import dedupe, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.job import BROADCAST_ROUND, HELD_KEYS_MAX, Round, stale_rows
 from iceberg.compaction.policy import CompactionPolicy
-from iceberg.compaction.report import CompactionReport, has_rows, range_filter, truncate_marker
+from iceberg.compaction.report import CompactionReport, range_filter
 from iceberg.layouts import TableNames
 
 log = logging.getLogger("iceberg.compaction.job")
@@ -60,7 +60,7 @@ def shareable(r: Round) -> bool:
         bool(r.report.ranges)
         and r.report.events <= r.policy.small_round
         and not any(s.truncates for s in r.ranges)
-        and truncate_marker(r.catalog, r.names) is None
+        and r.marker is None
     )
 
 
@@ -98,10 +98,12 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
         dirty = spark.table(r.names.spark(r.names.log)).where(range_filter(r.report.ranges))
         events.append(winners.log_candidates(dirty, payload=True).withColumn("_key", _prefixed(i)))
         for name, op in ((r.names.state, None), (r.names.tombstones, "d")):
-            if has_rows(r.catalog, name):
+            if name in r.holding:
                 held.append(winners.held(spark.table(r.names.spark(name)), op).withColumn("_key", _prefixed(i)))
     # the logs read once; the held tables' rows for the round's keys in one semi-join
-    candidates = reduce(DataFrame.unionByName, events).localCheckpoint(eager=True)
+    # one task per core: the union of the tables' scans is otherwise a task or more per table
+    tasks = spark.sparkContext.defaultParallelism
+    candidates = reduce(DataFrame.unionByName, events).coalesce(tasks).localCheckpoint(eager=True)
     held_rows = None
     if held:
         wanted = candidates.select("_key")
@@ -109,15 +111,13 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
         held_rows = (
             reduce(DataFrame.unionByName, held)
             .join(wanted.distinct() if many else F.broadcast(wanted), "_key", "left_semi")
+            .coalesce(tasks)
             .localCheckpoint(eager=True)
         )
         candidates = candidates.unionByName(held_rows)
     found, ranked, _, stale = winners.general(candidates, None, ordering, carried=True)
     changes = (
-        dedupe.resolve(found, None, ordering)
-        .withColumn("_table", _table())
-        .coalesce(spark.sparkContext.defaultParallelism)
-        .localCheckpoint(eager=True)
+        dedupe.resolve(found, None, ordering).withColumn("_table", _table()).coalesce(tasks).localCheckpoint(eager=True)
     )
     upsert = F.col("_action") == "upsert"
     counts = {
