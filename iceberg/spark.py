@@ -65,8 +65,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # PySpark's call-site capture on every Column and DataFrame call (for the query context
-        # of an error): 5 - 6 round trips to the JVM and a walk of the Python stack each time,
-        # most of the time it takes a round to build its queries
+        # of an error): 5 - 6 round trips to the JVM and a walk of the Python stack each time
+        # (building a log's candidates frame: 25 ms with it, 9 ms without)
         "spark.python.sql.dataFrameDebugging.enabled": "false",
         # Spark's default plus the options that carry Kafka, Event Hubs and Azure storage credentials, so
         # they never show in plans, the UI or the event log.

@@ -1,7 +1,6 @@
 """What a compaction round records and reads about its table: its report, the cheap checks
-made from metadata (has rows, may hold an expired tombstone), the
-round's truncates, and its progress step by step. The snapshot properties it writes are
-`iceberg.summary_keys`."""
+made from metadata (has rows, may hold an expired tombstone), the round's truncates, and its
+progress step by step. The snapshot properties it writes are `iceberg.summary_keys`."""
 
 from __future__ import annotations
 
