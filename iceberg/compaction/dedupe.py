@@ -38,6 +38,8 @@ CANDIDATE_COLUMNS = [
     "_after_types",
     "_held",
 ]
+# What a key held before its round (`latest_per_key`): its row in the state, its tombstone
+HELD_COLUMNS = [("_held_s", False), ("_held_t", True)]
 
 
 def order_struct(position: Column, snapshot: Column, partition: Column, seq: Column, ordering: Ordering) -> Column:
@@ -121,12 +123,16 @@ def rank(candidates: DataFrame, ordering: Ordering, truncates: Sequence[Truncate
     return ranked.withColumn("_stale", reason).drop("_before", "_best", "_start")
 
 
-def latest_per_key(ranked: DataFrame) -> DataFrame:
-    """One row per `_key`: its newest candidate (`_won`), with `_stale` = how many of its events were stale."""
+def latest_per_key(ranked: DataFrame, held: bool = False) -> DataFrame:
+    """One row per `_key`: its newest candidate (`_won`), with `_stale` = how many of its events
+    were stale; with `held`, also the rows the key held (`HELD_COLUMNS`: the state's and the
+    tombstone, each its stream and bytes, or null)."""
     winner = F.max_by(F.struct(*[F.col(c) for c in CANDIDATE_COLUMNS], F.col("_o")), F.when(F.col("_won"), F.col("_o")))
-    return (
-        ranked.groupBy("_key").agg(winner.alias("w"), F.count(F.col("_stale")).alias("_stale")).select("w.*", "_stale")
-    )
+    row = F.struct("_topic", "_partition_id", "_payload_bytes")
+    tomb = F.col("_op") == retain.DELETE_OP
+    was = [F.max_by(row, F.when(F.col("_held") & (tomb if t else ~tomb), 1)).alias(c) for c, t in HELD_COLUMNS]
+    aggregates = [winner.alias("w"), F.count(F.col("_stale")).alias("_stale"), *(was if held else [])]
+    return ranked.groupBy("_key").agg(*aggregates).select("w.*", "_stale", *[c for c, _ in HELD_COLUMNS if held])
 
 
 def older_than_truncate(truncate: Truncate, ordering: Ordering) -> Column:

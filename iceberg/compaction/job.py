@@ -32,7 +32,7 @@ from functools import reduce
 from typing import Any
 
 from pyiceberg.catalog import Catalog
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from connector.core.faults import crash_point
@@ -261,7 +261,7 @@ class Round:
                 .localCheckpoint(eager=True)
             )
             self.held_bounds = bounds.get
-            if self.truncate is None:
+            if self.truncate is None and not self.small:  # a small round's come with its changes
                 found = self.held_rows.select("_key", F.col("_op").eqNullSafe("d")).limit(HELD_KEYS_MAX + 1).collect()
                 if len(found) <= HELD_KEYS_MAX:
                     for name, op in held:
@@ -270,9 +270,24 @@ class Round:
 
     def newest_per_key(self) -> None:
         """3. The newest change per key (packed where the round fits 63 bits and its streams
-        are in order, else the window) and what it does: upsert, delete or truncate."""
+        are in order, else the window) and what it does: upsert, delete or truncate. A small
+        round without truncate (the window over candidates that carry their payload) runs it
+        in one job, which also brings the rows its changed keys held (`writes.delta_of`)."""
         ordering, held_rows = self.policy.ordering, self.held_rows
         candidates = self.events if held_rows is None else self.events.unionByName(held_rows)
+        if self.small and self.truncate is None:
+            ranked, seen = dedupe.rank(candidates, ordering), Observation("cdclake_keys")
+            found = dedupe.latest_per_key(ranked, held=True).observe(
+                seen, F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")
+            )
+            self.resolve(found, F.collect_list(F.struct(*writes.DELTA_FIELDS)).alias("rows"))
+            self.report.keys, self.report.stale = seen.get["n"], seen.get["stale"] or 0
+            self.ranked = ranked if self.report.stale else None
+            self.delta, *keys = writes.delta_of(self.observed["rows"])
+            for name, held in zip((self.names.state, self.names.tombstones), keys):
+                if name in self.holding:
+                    self.held_keys[name] = held if len(held) <= HELD_KEYS_MAX else None
+            return
         ordered = (
             self.narrow if held_rows is None else self.narrow.unionByName(held_rows.select(*winners.ORDER_COLUMNS))
         )
@@ -296,12 +311,16 @@ class Round:
             self.step,
             self.small,
         )
-        # the counts and the after-image signatures come with the checkpoint's own job; one
-        # partition per core (the winners come in one per split of the log, 88 at 10M events,
-        # and each would be a file of its own where the state is written by INSERT)
+        self.resolve(found)
+
+    def resolve(self, found: DataFrame, *observe: Column) -> None:
+        """What the newest change per key does (`self.changes`), with the counts, the after-image
+        signatures and the aggregates `observe` from the checkpoint's own job (`self.observed`).
+        One partition per core: the winners come in one per split of the log, 88 at 10M events,
+        and each would be a file of its own where the state is written by INSERT."""
         upsert, observed = F.col("_action") == "upsert", Observation("cdclake_changes")
         self.changes = (
-            dedupe.resolve(found, self.truncate, ordering)
+            dedupe.resolve(found, self.truncate, self.policy.ordering)
             .coalesce(self.spark.sparkContext.defaultParallelism)
             .observe(
                 observed,
@@ -309,10 +328,11 @@ class Round:
                 F.sum(upsert.cast("int")).alias("up"),
                 F.sum((F.col("_action") == "truncate").cast("int")).alias("cut"),
                 F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),  # nulls are left out
+                *observe,
             )
             .localCheckpoint(eager=True)
         )
-        counts = observed.get
+        self.observed = counts = observed.get
         self.signatures = counts["signatures"]
         self.report.upserts, self.report.truncated = counts["up"] or 0, counts["cut"] or 0
         self.report.deletes = (counts["n"] or 0) - self.report.upserts - self.report.truncated
@@ -353,6 +373,7 @@ class Round:
                 self.spark, self.catalog, names, self.changes, self.dirty, plan.refused, self.now
             )
             self.report.upserts -= self.report.refused
+            self.delta = None  # counted again without the refused changes
         schema.evolve(self.spark, names, plan)
         self.columns = plan.columns
         self.count_bytes()

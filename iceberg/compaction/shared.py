@@ -115,10 +115,14 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
             .localCheckpoint(eager=True)
         )
         candidates = candidates.unionByName(held_rows)
-    found, ranked, _, stale = winners.general(candidates, None, ordering, carried=True)
-    changes = (
-        dedupe.resolve(found, None, ordering).withColumn("_table", _table()).coalesce(tasks).localCheckpoint(eager=True)
-    )
+    # the newest change per key with the rows the key held (`writes.delta_of`), then per table
+    # its keys and stale events, and its changes' counts, signatures, bytes and held keys
+    ranked = dedupe.rank(candidates, ordering)
+    found = dedupe.latest_per_key(ranked, held=True).withColumn("_table", _table()).coalesce(tasks)
+    found = found.localCheckpoint(eager=True)
+    changes = dedupe.resolve(found, None, ordering)
+    keys = {i: (n, s or 0) for i, n, s in found.groupBy("_table").agg(F.count(F.lit(1)), F.sum("_stale")).collect()}
+    stale = sum(s for _, s in keys.values())
     upsert = F.col("_action") == "upsert"
     counts = {
         r["_table"]: r
@@ -127,17 +131,10 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
             F.count(F.lit(1)).alias("n"),
             F.sum(upsert.cast("int")).alias("up"),
             F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),
+            F.collect_list(F.struct(*writes.DELTA_FIELDS)).alias("rows"),
         )
         .collect()
     }
-    keys: dict[int, int] = dict(found.groupBy(_table()).agg(F.count(F.lit(1))).collect())
-    held_keys: dict[int, list[tuple[str, bool]]] = {}
-    if held_rows is not None:
-        for key, deleted in held_rows.select("_key", F.col("_op").eqNullSafe("d")).collect():
-            i, key = key.split("/", 1)
-            held_keys.setdefault(int(i), []).append((key, deleted))
-    tagged = held_rows.withColumn("_table", _table()) if held_rows is not None else None
-    delta = writes.bytes_delta(changes, tagged, broadcast=True, by=("_table",))
     reasons: dict[int, dict[str, int]] = {}
     changes_view, stale_view = f"cdclake_{tag}_changes", None
     if stale:
@@ -153,11 +150,10 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
         r.signatures = c["signatures"] if c else []
         r.report.upserts, r.report.truncated = (c["up"] or 0) if c else 0, 0
         r.report.deletes = (c["n"] if c else 0) - r.report.upserts
-        r.report.keys = keys.get(i, 0)
-        r.delta = delta.get((i,), {})
-        mine = held_keys.get(i, [])
-        for name, op in ((r.names.state, None), (r.names.tombstones, "d")):
-            named = [k for k, d in mine if d == (op == "d")]
+        r.report.keys = keys.get(i, (0, 0))[0]
+        r.delta, *holding = writes.delta_of(c["rows"] if c else [])
+        for name, prefixed in zip((r.names.state, r.names.tombstones), holding):
+            named = [k.split("/", 1)[1] for k in prefixed]
             r.held_keys[name] = named if len(named) <= HELD_KEYS_MAX else None
         shares[id(r)] = Share(changes_view, stale_view, i, reasons.get(i, {}))
     log.info(

@@ -5,8 +5,10 @@ stream the changes add, and the winners the state cannot hold sent to the dead l
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import reduce
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -105,6 +107,32 @@ def bytes_delta(
     for *group, t, topic, part, b in delta.collect():
         out.setdefault(tuple(group), {}).setdefault(t, {})[f"{topic}:{part}"] = b or 0
     return out
+
+
+# A change as `delta_of` takes it: its key, action, stream and bytes, and the rows its key held
+DELTA_FIELDS = ["_key", "_action", "_topic", "_partition_id", "_payload_bytes", "_held_s", "_held_t"]
+
+
+def delta_of(
+    changes: Iterable[Sequence[Any]],
+) -> tuple[dict[str, dict[str, int]], list[str], list[str]]:
+    """`bytes_delta` over the changes' `DELTA_FIELDS` (the held rows as `(topic, partition,
+    bytes)` or None), and the keys among them the state and the tombstones hold."""
+    delta: dict[str, dict[str, int]] = {}
+    held: dict[str, list[str]] = {"s": [], "t": []}
+
+    def add(t: str, topic: str, part: int, b: int | None) -> None:
+        streams = delta.setdefault(t, {})
+        streams[f"{topic}:{part}"] = streams.get(f"{topic}:{part}", 0) + (b or 0)
+
+    for key, action, topic, part, b, state, tombstone in changes:
+        if action in ("upsert", "delete"):
+            add("t" if action == "delete" else "s", topic, part, b)
+        for t, row in (("s", state), ("t", tombstone)):
+            if row is not None:
+                add(t, row[0], row[1], -(row[2] or 0))
+                held[t].append(key)
+    return delta, held["s"], held["t"]
 
 
 def insert_missing(spark: SparkSession, target: str, source: str, on: list[str]) -> None:

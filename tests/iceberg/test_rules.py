@@ -10,6 +10,7 @@ from connector.core.ordering import Truncate
 from iceberg.compaction.dedupe import candidate_order, older_than_truncate
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
 from iceberg.compaction.retain import action, purge_predicate
+from iceberg.layouts import META_COLUMNS
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -93,3 +94,63 @@ def stats(point=0, clean=0, cleanable=100, end=10, first=NOW - timedelta(minutes
 )
 def test_plan(s, policy, force, expected):
     assert plan([s], policy, NOW, force) == expected
+
+
+# (changes as `writes.DELTA_FIELDS`, the bytes per table and stream they add, the keys the
+# state and the tombstones held among them)
+DELTAS = [
+    ([], {}, [], []),
+    # a new key: its row's bytes to the state's stream
+    ([("a", "upsert", "t", 0, 10, None, None)], {"s": {"t:0": 10}}, [], []),
+    # an update replaces the row held on another partition
+    ([("a", "upsert", "t", 1, 10, ("t", 0, 7), None)], {"s": {"t:1": 10, "t:0": -7}}, ["a"], []),
+    # a delete: its tombstone's bytes in, the state's row out
+    ([("a", "delete", "t", 0, 3, ("t", 0, 7), None)], {"t": {"t:0": 3}, "s": {"t:0": -7}}, ["a"], []),
+    # an upsert over a tombstone; a key that held both (a replayed round) loses both
+    (
+        [("a", "upsert", "t", 0, 5, None, ("t", 0, 2)), ("b", "upsert", "u", 0, 1, ("t", 0, 4), ("t", 0, 2))],
+        {"s": {"t:0": 1, "u:0": 1}, "t": {"t:0": -4}},
+        ["b"],
+        ["a", "b"],
+    ),
+    # a truncate adds nothing and removes what the key held; null bytes count as none
+    ([("a", "truncate", "t", 0, 9, ("t", 0, None), None)], {"s": {"t:0": 0}}, ["a"], []),
+]
+
+
+@pytest.mark.parametrize("changes, delta, state, tombstones", DELTAS)
+def test_bytes_per_stream_of_the_changes(changes, delta, state, tombstones):
+    from iceberg.compaction.writes import delta_of
+
+    assert delta_of(changes) == (delta, state, tombstones)
+
+
+@pytest.mark.spark
+def test_the_changes_bytes_equal_the_held_rows_join(spark):
+    """`delta_of` over the rows each changed key held (carried by `latest_per_key`) equals
+    `bytes_delta`'s join of the changes with the held rows, on random candidates."""
+    import random
+
+    from iceberg.compaction import dedupe
+    from iceberg.compaction.writes import DELTA_FIELDS, bytes_delta, delta_of
+
+    rnd, rows, seq = random.Random(7), [], iter(range(10**6))
+
+    def row(key: str, op: str, held: bool) -> tuple:
+        n = next(seq)
+        return (key, "t", rnd.randrange(3), str(n), n, None, op, False, 0, [n], rnd.randrange(100), None, None, held)
+
+    for k in range(60):  # a state row, a tombstone, both (a replayed round) or neither; then new events
+        rows += [row(f"k{k}", op, True) for op in ("u", "d") if rnd.random() < 0.4]
+        rows += [row(f"k{k}", rnd.choice("cud"), False) for _ in range(rnd.randrange(3))]
+    ddl = ", ".join(f"{c} {t}" for c, t in META_COLUMNS) + ", _after string, _after_types string, _held boolean"
+    candidates = spark.createDataFrame(rows, ddl)
+    ranked = dedupe.rank(candidates, "source")
+    changes = dedupe.resolve(dedupe.latest_per_key(ranked, held=True), None, "source")
+    held = candidates.where("_held")
+    delta, state, tombstones = delta_of(changes.select(*DELTA_FIELDS).collect())
+    assert delta == bytes_delta(changes, held, broadcast=True).get((), {})
+    changed = held.join(changes.select("_key"), "_key", "left_semi")
+    assert sorted(state) == sorted(r._key for r in changed.where("_op != 'd'").collect())
+    assert sorted(tombstones) == sorted(r._key for r in changed.where("_op = 'd'").collect())
+    assert state and tombstones and delta  # the draw has each kind
