@@ -140,6 +140,7 @@ class Round:
         self.log_seen: int | None = None
         # per table ('s', 't') and stream: the bytes the changes add (`writes.bytes_delta`)
         self.delta: dict[str, dict[str, int]] | None = None
+        self.carried = False  # the changes carry the rows their keys held (`newest_per_key`)
 
     def run(self, force: bool) -> CompactionReport:
         self.begin(force)
@@ -272,20 +273,24 @@ class Round:
         """3. The newest change per key (packed where the round fits 63 bits and its streams
         are in order, else the window) and what it does: upsert, delete or truncate. A small
         round without truncate (the window over candidates that carry their payload) runs it
-        in one job, which also brings the rows its changed keys held (`writes.delta_of`)."""
+        in one job, whose changes carry the rows their keys held (`dedupe.latest_per_key`)
+        and name the keys each table holds."""
         ordering, held_rows = self.policy.ordering, self.held_rows
         candidates = self.events if held_rows is None else self.events.unionByName(held_rows)
-        if self.small and self.truncate is None:
+        self.carried = self.small and self.truncate is None
+        if self.carried:
             ranked, seen = dedupe.rank(candidates, ordering), Observation("cdclake_keys")
             found = dedupe.latest_per_key(ranked, held=True).observe(
                 seen, F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")
             )
-            self.resolve(found, F.collect_list(F.struct(*writes.DELTA_FIELDS)).alias("rows"))
-            self.report.keys, self.report.stale = seen.get["n"], seen.get["stale"] or 0
+            names = (self.names.state, self.names.tombstones)
+            self.resolve(found, *[held_keys(c).alias(name) for name, (c, _) in zip(names, dedupe.HELD_COLUMNS)])
+            keys = seen.get
+            self.report.keys, self.report.stale = keys["n"], keys["stale"] or 0
             self.ranked = ranked if self.report.stale else None
-            self.delta, *keys = writes.delta_of(self.observed["rows"])
-            for name, held in zip((self.names.state, self.names.tombstones), keys):
+            for name in names:
                 if name in self.holding:
+                    held = self.observed[name]
                     self.held_keys[name] = held if len(held) <= HELD_KEYS_MAX else None
             return
         ordered = (
@@ -384,7 +389,8 @@ class Round:
         (recorded with them for ingest's quota usage; a shared read counted them already)."""
         if self.delta is None:
             small = self.report.events <= BROADCAST_ROUND
-            self.delta = writes.bytes_delta(self.changes, self.held_rows, broadcast=small).get((), {})
+            delta = writes.bytes_delta(self.changes, self.held_rows, broadcast=small, carried=self.carried)
+            self.delta = delta.get((), {})
         for t, name in (("s", self.names.state), ("t", self.names.tombstones)):
             self.bytes[name] = sum_streams(self.bytes[name], self.delta.get(t, {}))
 
@@ -481,6 +487,11 @@ class Round:
             self.spark, self.catalog, names.catalog, upkeep(self.catalog, names), self.policy.maintenance
         )
         self.step("maintenance")
+
+
+def held_keys(column: str) -> Column:
+    """The keys of the changes whose `column` (of `dedupe.HELD_COLUMNS`) holds a row."""
+    return F.collect_list(F.when(F.col(column).isNotNull(), F.col("_key")))
 
 
 def stale_rows(found: list[DataFrame], now: datetime) -> DataFrame:

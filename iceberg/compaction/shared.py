@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from iceberg import leases
 from iceberg.compaction import dedupe, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
-from iceberg.compaction.job import BROADCAST_ROUND, HELD_KEYS_MAX, Round, stale_rows
+from iceberg.compaction.job import BROADCAST_ROUND, HELD_KEYS_MAX, Round, held_keys, stale_rows
 from iceberg.compaction.policy import CompactionPolicy
 from iceberg.compaction.report import CompactionReport, range_filter
 from iceberg.layouts import TableNames
@@ -115,8 +115,8 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
             .localCheckpoint(eager=True)
         )
         candidates = candidates.unionByName(held_rows)
-    # the newest change per key with the rows the key held (`writes.delta_of`), then per table
-    # its keys and stale events, and its changes' counts, signatures, bytes and held keys
+    # the newest change per key with the rows the key held, then per table its keys and stale
+    # events, its changes' counts, signatures and held keys, and their bytes per stream
     ranked = dedupe.rank(candidates, ordering)
     found = dedupe.latest_per_key(ranked, held=True).withColumn("_table", _table()).coalesce(tasks)
     found = found.localCheckpoint(eager=True)
@@ -131,10 +131,11 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
             F.count(F.lit(1)).alias("n"),
             F.sum(upsert.cast("int")).alias("up"),
             F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),
-            F.collect_list(F.struct(*writes.DELTA_FIELDS)).alias("rows"),
+            *[held_keys(c).alias(c) for c, _ in dedupe.HELD_COLUMNS],
         )
         .collect()
     }
+    delta = writes.bytes_delta(changes, None, broadcast=True, by=("_table",), carried=True)
     reasons: dict[int, dict[str, int]] = {}
     changes_view, stale_view = f"cdclake_{tag}_changes", None
     if stale:
@@ -151,9 +152,9 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
         r.report.upserts, r.report.truncated = (c["up"] or 0) if c else 0, 0
         r.report.deletes = (c["n"] if c else 0) - r.report.upserts
         r.report.keys = keys.get(i, (0, 0))[0]
-        r.delta, *holding = writes.delta_of(c["rows"] if c else [])
-        for name, prefixed in zip((r.names.state, r.names.tombstones), holding):
-            named = [k.split("/", 1)[1] for k in prefixed]
+        r.delta = delta.get((i,), {})
+        for name, (column, _) in zip((r.names.state, r.names.tombstones), dedupe.HELD_COLUMNS):
+            named = [k.split("/", 1)[1] for k in (c[column] if c else [])]
             r.held_keys[name] = named if len(named) <= HELD_KEYS_MAX else None
         shares[id(r)] = Share(changes_view, stale_view, i, reasons.get(i, {}))
     log.info(

@@ -5,16 +5,15 @@ stream the changes add, and the winners the state cannot hold sent to the dead l
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import reduce
-from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from iceberg.compaction import schema
+from iceberg.compaction.dedupe import HELD_COLUMNS
 from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, TableNames
 from iceberg.log_writer import upgrade
 from iceberg.maintenance import sql_literal
@@ -76,12 +75,13 @@ def tombstone_source(changes: DataFrame, now: datetime, retention: Column) -> Da
 
 
 def bytes_delta(
-    changes: DataFrame, held_rows: DataFrame | None, broadcast: bool, by: tuple[str, ...] = ()
+    changes: DataFrame, held_rows: DataFrame | None, broadcast: bool, by: tuple[str, ...] = (), carried: bool = False
 ) -> dict[tuple[object, ...], dict[str, dict[str, int]]]:
     """Per value of the columns `by` (`()` without them), table ('s' the state, 't' the
     tombstones) and stream, the bytes the changes add: an upsert's (a delete's) row to the
-    state (tombstones), less the row each changed key held. `broadcast`: the changed keys go
-    to every task of the held rows' semi-join."""
+    state (tombstones), less the row each changed key held: found in `held_rows` (the
+    changed keys go to every task of its semi-join where `broadcast`), or `carried` by the
+    changes (`dedupe.latest_per_key` with `held`)."""
     frames = [
         changes.where(F.col("_action").isin("upsert", "delete")).select(
             *by,
@@ -91,7 +91,14 @@ def bytes_delta(
             F.col("_payload_bytes").alias("_b"),
         )
     ]
-    if held_rows is not None:
+    if carried:
+        was = [
+            F.when(F.col(c).isNotNull(), F.struct(F.lit("t" if tomb else "s").alias("_t"), f"{c}.*"))
+            for c, tomb in HELD_COLUMNS
+        ]
+        held = changes.select(*by, F.explode(F.array(*was)).alias("h")).where(F.col("h").isNotNull()).select(*by, "h.*")
+        frames.append(held.select(*by, "_t", "_topic", "_partition_id", (-F.col("_payload_bytes")).alias("_b")))
+    elif held_rows is not None:
         keys = changes.select("_key")
         frames.append(
             held_rows.join(F.broadcast(keys) if broadcast else keys, "_key", "left_semi").select(
@@ -107,32 +114,6 @@ def bytes_delta(
     for *group, t, topic, part, b in delta.collect():
         out.setdefault(tuple(group), {}).setdefault(t, {})[f"{topic}:{part}"] = b or 0
     return out
-
-
-# A change as `delta_of` takes it: its key, action, stream and bytes, and the rows its key held
-DELTA_FIELDS = ["_key", "_action", "_topic", "_partition_id", "_payload_bytes", "_held_s", "_held_t"]
-
-
-def delta_of(
-    changes: Iterable[Sequence[Any]],
-) -> tuple[dict[str, dict[str, int]], list[str], list[str]]:
-    """`bytes_delta` over the changes' `DELTA_FIELDS` (the held rows as `(topic, partition,
-    bytes)` or None), and the keys among them the state and the tombstones hold."""
-    delta: dict[str, dict[str, int]] = {}
-    held: dict[str, list[str]] = {"s": [], "t": []}
-
-    def add(t: str, topic: str, part: int, b: int | None) -> None:
-        streams = delta.setdefault(t, {})
-        streams[f"{topic}:{part}"] = streams.get(f"{topic}:{part}", 0) + (b or 0)
-
-    for key, action, topic, part, b, state, tombstone in changes:
-        if action in ("upsert", "delete"):
-            add("t" if action == "delete" else "s", topic, part, b)
-        for t, row in (("s", state), ("t", tombstone)):
-            if row is not None:
-                add(t, row[0], row[1], -(row[2] or 0))
-                held[t].append(key)
-    return delta, held["s"], held["t"]
 
 
 def insert_missing(spark: SparkSession, target: str, source: str, on: list[str]) -> None:

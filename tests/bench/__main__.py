@@ -284,10 +284,10 @@ def report(figs: list[dict]) -> None:
                 ("ingest from Kafka within 1.5x of the file's", f["kafka_ingest_s"] <= 1.5 * f["ours_ingest_s"])
             )
         if f["events"] >= 10_000_000 and f["keys"] >= 1_000_000:
-            checks.append(("10M events / 1M keys end to end < 60 s", f["ours_s"] < 60))
+            checks.append(("10M events / 1M keys end to end < 40 s", f["ours_s"] < 40))
         if f.get("ours_rounds_s") and f["keys"] >= 1_000_000 and f["incremental_events"] <= 10_000:
             warm = statistics.median(f["ours_rounds_s"])
-            checks.append(("a warm round of 10k events into 1M keys <= 2.5 s (median)", warm <= 2.5))
+            checks.append(("a warm round of 10k events into 1M keys <= 2.0 s (median)", warm <= 2.0))
         for name, ok in checks:
             console.print(
                 f"N={f['events']:,} K={f['keys']:,}: target {name}: "

@@ -96,43 +96,16 @@ def test_plan(s, policy, force, expected):
     assert plan([s], policy, NOW, force) == expected
 
 
-# (changes as `writes.DELTA_FIELDS`, the bytes per table and stream they add, the keys the
-# state and the tombstones held among them)
-DELTAS = [
-    ([], {}, [], []),
-    # a new key: its row's bytes to the state's stream
-    ([("a", "upsert", "t", 0, 10, None, None)], {"s": {"t:0": 10}}, [], []),
-    # an update replaces the row held on another partition
-    ([("a", "upsert", "t", 1, 10, ("t", 0, 7), None)], {"s": {"t:1": 10, "t:0": -7}}, ["a"], []),
-    # a delete: its tombstone's bytes in, the state's row out
-    ([("a", "delete", "t", 0, 3, ("t", 0, 7), None)], {"t": {"t:0": 3}, "s": {"t:0": -7}}, ["a"], []),
-    # an upsert over a tombstone; a key that held both (a replayed round) loses both
-    (
-        [("a", "upsert", "t", 0, 5, None, ("t", 0, 2)), ("b", "upsert", "u", 0, 1, ("t", 0, 4), ("t", 0, 2))],
-        {"s": {"t:0": 1, "u:0": 1}, "t": {"t:0": -4}},
-        ["b"],
-        ["a", "b"],
-    ),
-    # a truncate adds nothing and removes what the key held; null bytes count as none
-    ([("a", "truncate", "t", 0, 9, ("t", 0, None), None)], {"s": {"t:0": 0}}, ["a"], []),
-]
-
-
-@pytest.mark.parametrize("changes, delta, state, tombstones", DELTAS)
-def test_bytes_per_stream_of_the_changes(changes, delta, state, tombstones):
-    from iceberg.compaction.writes import delta_of
-
-    assert delta_of(changes) == (delta, state, tombstones)
-
-
 @pytest.mark.spark
 def test_the_changes_bytes_equal_the_held_rows_join(spark):
-    """`delta_of` over the rows each changed key held (carried by `latest_per_key`) equals
-    `bytes_delta`'s join of the changes with the held rows, on random candidates."""
+    """The bytes per stream of the changes and the keys each table holds among them, from the
+    rows each changed key held as `latest_per_key` carries them, equal those a join of the
+    changes with the held rows finds, on random candidates."""
     import random
 
     from iceberg.compaction import dedupe
-    from iceberg.compaction.writes import DELTA_FIELDS, bytes_delta, delta_of
+    from iceberg.compaction.job import held_keys
+    from iceberg.compaction.writes import bytes_delta
 
     rnd, rows, seq = random.Random(7), [], iter(range(10**6))
 
@@ -145,12 +118,12 @@ def test_the_changes_bytes_equal_the_held_rows_join(spark):
         rows += [row(f"k{k}", rnd.choice("cud"), False) for _ in range(rnd.randrange(3))]
     ddl = ", ".join(f"{c} {t}" for c, t in META_COLUMNS) + ", _after string, _after_types string, _held boolean"
     candidates = spark.createDataFrame(rows, ddl)
-    ranked = dedupe.rank(candidates, "source")
-    changes = dedupe.resolve(dedupe.latest_per_key(ranked, held=True), None, "source")
+    changes = dedupe.resolve(dedupe.latest_per_key(dedupe.rank(candidates, "source"), held=True), None, "source")
     held = candidates.where("_held")
-    delta, state, tombstones = delta_of(changes.select(*DELTA_FIELDS).collect())
-    assert delta == bytes_delta(changes, held, broadcast=True).get((), {})
+    carried = bytes_delta(changes, None, broadcast=False, carried=True)
+    assert carried == bytes_delta(changes, held, broadcast=True) and carried[()]["s"] and carried[()]["t"]
+    named = changes.agg(*[held_keys(c).alias(c) for c, _ in dedupe.HELD_COLUMNS]).first()
     changed = held.join(changes.select("_key"), "_key", "left_semi")
-    assert sorted(state) == sorted(r._key for r in changed.where("_op != 'd'").collect())
-    assert sorted(tombstones) == sorted(r._key for r in changed.where("_op = 'd'").collect())
-    assert state and tombstones and delta  # the draw has each kind
+    assert sorted(named["_held_s"]) == sorted(r._key for r in changed.where("_op != 'd'").collect())
+    assert sorted(named["_held_t"]) == sorted(r._key for r in changed.where("_op = 'd'").collect())
+    assert named["_held_s"] and named["_held_t"]  # the draw has each kind
