@@ -272,9 +272,9 @@ class Round:
     def newest_per_key(self) -> None:
         """3. The newest change per key (packed where the round fits 63 bits and its streams
         are in order, else the window) and what it does: upsert, delete or truncate. A small
-        round without truncate (the window over candidates that carry their payload) runs it
-        in one job, whose changes carry the rows their keys held (`dedupe.latest_per_key`)
-        and name the keys each table holds."""
+        round without truncate takes the window over candidates that carry their payload; its
+        changes carry the rows their keys held (`dedupe.latest_per_key`), and the job that
+        checkpoints them names the keys each table holds."""
         ordering, held_rows = self.policy.ordering, self.held_rows
         candidates = self.events if held_rows is None else self.events.unionByName(held_rows)
         self.carried = self.small and self.truncate is None
