@@ -82,7 +82,7 @@ class Share:
         """Sets what `Round.read` would on `r`, as frames of `session` (its round's own)."""
         r.spark = session
         r.dirty = session.table(r.names.spark(r.names.log)).where(range_filter(r.report.ranges))
-        r.changes = self.frame(session, self.changes)
+        r.changes, r.carried = self.frame(session, self.changes), True  # with the rows their keys held
         if self.stale is not None and self.reasons:
             r.note_stale(self.reasons, self.frame(session, self.stale))
 

@@ -77,7 +77,8 @@ def assert_recorded_bytes_are_held(settings: Settings, table: str) -> None:
         for r in t.scan(selected_fields=("_topic", "_partition_id", "_payload_bytes")).to_arrow().to_pylist():
             stream = f"{r['_topic']}:{r['_partition_id']}"
             held[stream] = held.get(stream, 0) + (r["_payload_bytes"] or 0)
-        assert recorded_bytes(t) == {k: v for k, v in held.items() if v}, name
+        recorded, rows = recorded_bytes(t), {k: v for k, v in held.items() if v}
+        assert recorded == rows, f"{name}: recorded {recorded}, its rows hold {rows}"
 
 
 def decoded(path: Path, settings: Settings):

@@ -343,3 +343,37 @@ def test_a_rounds_session_takes_the_secrets_set_in_the_job_since_it_started(spar
             assert session is not spark and session.conf.get(key) == "hunter2"
     finally:
         spark.conf.unset(key)
+
+
+def test_a_shared_round_with_a_dead_letter_records_the_bytes_its_tables_hold(spark, settings, caplog):
+    """Two tables' small rounds read together; in the second, one table's update of a held
+    key is refused (a string where the column is an integer): that key keeps its row, and
+    the bytes per stream each table's commits record equal those its rows hold."""
+    import logging
+
+    from tests.conftest import kcat_lines
+    from tests.iceberg.helpers import assert_recorded_bytes_are_held
+
+    def pg(table: str, key: int, lsn: int, v: object) -> str:
+        return json.dumps(
+            {"op": "c", "after": {"id": key, "v": v}, "source": {"connector": "postgresql", "table": table, "lsn": lsn}}
+        )
+
+    def lines(table: str, values: list[tuple[int, object]]) -> list[str]:
+        events = [pg(table, k, 10 + i, v) for i, (k, v) in enumerate(values)]
+        return kcat_lines(f"db.s.{table}", events, [{"id": k} for k, _ in values])
+
+    first = {"da": [(1, 5), (2, 6)], "db": [(1, 7)]}
+    later = {"da": [(2, "six"), (1, 50)], "db": [(1, 70), (2, 8)]}  # da's key 2: refused
+    path = Path(tempfile.mkdtemp()) / "in.jsonl"
+    s = with_source(settings, write_lines(path, [x for t, v in first.items() for x in lines(t, v)]))
+    run_ingest(s)
+    run_compaction(s, force=True, now=NOW)
+    write_lines(path, [x for t, v in first.items() for x in lines(t, v + later[t])])
+    run_ingest(s)
+    with caplog.at_level(logging.INFO, "iceberg.compaction.job"):
+        reports = {r.table: r for r in run_compaction(s, force=True, now=NOW)}
+    assert "shared read of 2 tables' rounds" in caplog.text
+    assert (reports["da"].refused, reports["da"].upserts, reports["db"].upserts) == (1, 1, 2)
+    for t in first:
+        assert_recorded_bytes_are_held(s, t)
