@@ -59,7 +59,7 @@ from iceberg.compaction.stats import (
     stream_stats,
     sum_streams,
 )
-from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
+from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA, TableNames
 from iceberg.maintenance import maintain
 from iceberg.summary_keys import (
     CLEANER_POINTS,
@@ -140,7 +140,7 @@ class Round:
         self.log_seen: int | None = None
         # per table ('s', 't') and stream: the bytes the changes add (`writes.bytes_delta`)
         self.delta: dict[str, dict[str, int]] | None = None
-        self.carried = False  # the changes carry the rows their keys held (`newest_per_key`)
+        self.carried = False  # the changes carry the rows their keys held (`read_dirty`)
 
     def run(self, force: bool) -> CompactionReport:
         self.begin(force)
@@ -234,6 +234,7 @@ class Round:
             self.truncates, self.truncate = newer, newer[-1] if newer else None  # the held rows older go
             self.step(f"truncates of {self.report.events:,} dirty events")
         self.table_truncate = newest_truncate([marker, self.truncate], ordering)
+        self.carried = self.small and self.truncate is None  # see `newest_per_key`
 
     def read_held(self) -> None:
         """2b. The rows already held for the round's keys (every state row when a truncate
@@ -262,7 +263,7 @@ class Round:
                 .localCheckpoint(eager=True)
             )
             self.held_bounds = bounds.get
-            if self.truncate is None and not self.small:  # a small round's come with its changes
+            if self.truncate is None and not self.carried:  # else they come with its changes
                 found = self.held_rows.select("_key", F.col("_op").eqNullSafe("d")).limit(HELD_KEYS_MAX + 1).collect()
                 if len(found) <= HELD_KEYS_MAX:
                     for name, op in held:
@@ -277,14 +278,13 @@ class Round:
         checkpoints them names the keys each table holds."""
         ordering, held_rows = self.policy.ordering, self.held_rows
         candidates = self.events if held_rows is None else self.events.unionByName(held_rows)
-        self.carried = self.small and self.truncate is None
         if self.carried:
             ranked, seen = dedupe.rank(candidates, ordering), Observation("cdclake_keys")
             found = dedupe.latest_per_key(ranked, held=True).observe(
                 seen, F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")
             )
             names = (self.names.state, self.names.tombstones)
-            self.resolve(found, *[held_keys(c).alias(name) for name, (c, _) in zip(names, dedupe.HELD_COLUMNS)])
+            self.resolve(found, *[writes.held_keys(c).alias(name) for name, (c, _) in zip(names, dedupe.HELD_COLUMNS)])
             keys = seen.get
             self.report.keys, self.report.stale = keys["n"], keys["stale"] or 0
             self.ranked = ranked if self.report.stale else None
@@ -349,7 +349,7 @@ class Round:
         found = [f for f in ((self.ranked if self.report.stale else None), self.late) if f is not None]
         if not found:
             return
-        rows = stale_rows(found, self.now)
+        rows = writes.stale_rows(found, self.now)
         # the counts first (one job; usually none), the rows only when there are some
         reasons = {r["reason"]: r["n"] for r in rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
         if reasons:
@@ -487,23 +487,3 @@ class Round:
             self.spark, self.catalog, names.catalog, upkeep(self.catalog, names), self.policy.maintenance
         )
         self.step("maintenance")
-
-
-def held_keys(column: str) -> Column:
-    """The keys of the changes whose `column` (of `dedupe.HELD_COLUMNS`) holds a row."""
-    return F.collect_list(F.when(F.col(column).isNotNull(), F.col("_key")))
-
-
-def stale_rows(found: list[DataFrame], now: datetime) -> DataFrame:
-    """The rows of `<t>__stale` for the candidates of `found` with a `_stale` reason."""
-    return reduce(
-        DataFrame.unionByName,
-        [
-            f.where(F.col("_stale").isNotNull()).select(
-                *[c for c, _ in STALE_COLUMNS if c not in ("reason", "compacted_at")],
-                F.col("_stale").alias("reason"),
-                F.lit(now).alias("compacted_at"),
-            )
-            for f in found
-        ],
-    )

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from iceberg import leases
 from iceberg.compaction import dedupe, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
-from iceberg.compaction.job import BROADCAST_ROUND, HELD_KEYS_MAX, Round, held_keys, stale_rows
+from iceberg.compaction.job import BROADCAST_ROUND, HELD_KEYS_MAX, Round
 from iceberg.compaction.policy import CompactionPolicy
 from iceberg.compaction.report import CompactionReport, range_filter
 from iceberg.layouts import TableNames
@@ -131,7 +131,7 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
             F.count(F.lit(1)).alias("n"),
             F.sum(upsert.cast("int")).alias("up"),
             F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),
-            *[held_keys(c).alias(c) for c, _ in dedupe.HELD_COLUMNS],
+            *[writes.held_keys(c).alias(c) for c, _ in dedupe.HELD_COLUMNS],
         )
         .collect()
     }
@@ -139,7 +139,7 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
     reasons: dict[int, dict[str, int]] = {}
     changes_view, stale_view = f"cdclake_{tag}_changes", None
     if stale:
-        rows = stale_rows([ranked], rounds[0].now).withColumn("_table", _table()).localCheckpoint(eager=True)
+        rows = writes.stale_rows([ranked], rounds[0].now).withColumn("_table", _table()).localCheckpoint(eager=True)
         for i, reason, n in rows.groupBy("_table", "reason").count().collect():
             reasons.setdefault(i, {})[reason] = n
         stale_view = f"cdclake_{tag}_stale"

@@ -1,6 +1,7 @@
 """What a round writes: MERGE / INSERT statements, snapshot properties on a Spark commit, the
 state's typed columns from the winners' after-images and the tombstones' rows, the bytes per
-stream the changes add, and the winners the state cannot hold sent to the dead letters."""
+stream the changes add and the keys whose rows they replace, the stale events' rows, and the
+winners the state cannot hold sent to the dead letters."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pyspark.sql import functions as F
 
 from iceberg.compaction import schema
 from iceberg.compaction.dedupe import HELD_COLUMNS
-from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, TableNames
+from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, STALE_COLUMNS, TableNames
 from iceberg.log_writer import upgrade
 from iceberg.maintenance import sql_literal
 from quotas.metrics import DEAD_LETTERS
@@ -114,6 +115,26 @@ def bytes_delta(
     for *group, t, topic, part, b in delta.collect():
         out.setdefault(tuple(group), {}).setdefault(t, {})[f"{topic}:{part}"] = b or 0
     return out
+
+
+def held_keys(column: str) -> Column:
+    """The keys of the changes whose `column` (of `dedupe.HELD_COLUMNS`) holds a row."""
+    return F.collect_list(F.when(F.col(column).isNotNull(), F.col("_key")))
+
+
+def stale_rows(found: list[DataFrame], now: datetime) -> DataFrame:
+    """The rows of `<t>__stale` for the candidates of `found` with a `_stale` reason."""
+    return reduce(
+        DataFrame.unionByName,
+        [
+            f.where(F.col("_stale").isNotNull()).select(
+                *[c for c, _ in STALE_COLUMNS if c not in ("reason", "compacted_at")],
+                F.col("_stale").alias("reason"),
+                F.lit(now).alias("compacted_at"),
+            )
+            for f in found
+        ],
+    )
 
 
 def insert_missing(spark: SparkSession, target: str, source: str, on: list[str]) -> None:

@@ -104,8 +104,7 @@ def test_the_changes_bytes_equal_the_held_rows_join(spark):
     import random
 
     from iceberg.compaction import dedupe
-    from iceberg.compaction.job import held_keys
-    from iceberg.compaction.writes import bytes_delta
+    from iceberg.compaction.writes import bytes_delta, held_keys
 
     rnd, rows, seq = random.Random(7), [], iter(range(10**6))
 
