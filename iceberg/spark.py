@@ -25,11 +25,12 @@ DEFAULT_JARS_DIR = Path(__file__).resolve().parents[1] / ".cache" / "jars"
 def spark_jars(settings: Settings) -> list[str]:
     jars_dir = Path(settings.spark.jars_dir) if settings.spark.jars_dir else DEFAULT_JARS_DIR
     jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
-    if not any("iceberg-spark-runtime" in j for j in jars):
-        raise SetupError(
-            f"no iceberg-spark-runtime jar in {jars_dir}: run `bash infra/fetch-jars.sh` "
-            "(Maven resolves infra/pom.xml into .cache/jars) or set spark.jars_dir"
-        )
+    for needed in ("iceberg-spark-runtime", "cdclake-delta-writer"):
+        if not any(needed in Path(j).name for j in jars):
+            raise SetupError(
+                f"no {needed} jar in {jars_dir}: run `bash infra/fetch-jars.sh` (Maven resolves "
+                "infra/pom.xml into .cache/jars, javac builds infra/delta-writer) or set spark.jars_dir"
+            )
     return jars
 
 

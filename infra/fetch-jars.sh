@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Resolves Spark's JVM jars (infra/pom.xml) from Maven Central into .cache/jars (git-ignored).
+# Resolves Spark's JVM jars (infra/pom.xml) from Maven Central into .cache/jars (git-ignored),
+# and compiles the compaction's writer (infra/delta-writer) beside them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.cache/jars
-if ls "$out"/iceberg-spark-runtime-*.jar >/dev/null 2>&1 && [ "$out/.stamp" -nt infra/pom.xml ]; then
-  exit 0
+helper=infra/delta-writer/DeltaWriter.java
+command -v javac >/dev/null || { echo "javac not found: install a JDK 17+ (apt-get install openjdk-17-jdk-headless)" >&2; exit 1; }
+if ! ls "$out"/iceberg-spark-runtime-*.jar >/dev/null 2>&1 || [ ! "$out/.stamp" -nt infra/pom.xml ]; then
+  command -v mvn >/dev/null || { echo "mvn not found: install Maven (apt-get install maven)" >&2; exit 1; }
+  rm -rf "$out" && mkdir -p "$out"
+  echo "fetching Spark jars (iceberg-spark-runtime, iceberg-aws-bundle, iceberg-azure-bundle, sqlite-jdbc, postgresql, spark-sql-kafka) with Maven into $out" >&2
+  mvn -q -B -s infra/maven-settings.xml -f infra/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/$out" -DincludeScope=runtime
+  touch "$out/.stamp"
 fi
-command -v java >/dev/null || { echo "java not found: install a JDK 17+ (apt-get install openjdk-17-jdk-headless)" >&2; exit 1; }
-command -v mvn >/dev/null || { echo "mvn not found: install Maven (apt-get install maven)" >&2; exit 1; }
-rm -rf "$out" && mkdir -p "$out"
-echo "fetching Spark jars (iceberg-spark-runtime, iceberg-aws-bundle, iceberg-azure-bundle, sqlite-jdbc, postgresql, spark-sql-kafka) with Maven into $out" >&2
-mvn -q -B -s infra/maven-settings.xml -f infra/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/$out" -DincludeScope=runtime
-touch "$out/.stamp"
+if [ ! "$out/cdclake-delta-writer.jar" -nt "$helper" ] || [ ! "$out/cdclake-delta-writer.jar" -nt "$out/.stamp" ]; then
+  # against the Iceberg runtime above and PySpark's own Spark jars (in .venv before this runs)
+  spark_jars="$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
+  classes="$(mktemp -d)"
+  javac -nowarn --release 17 -d "$classes" -cp "$(ls "$out"/iceberg-spark-runtime-*.jar):$spark_jars/*" "$helper"
+  jar cf "$out/cdclake-delta-writer.jar" -C "$classes" .
+  rm -rf "$classes"
+fi

@@ -40,6 +40,7 @@ CANDIDATE_COLUMNS = [
 ]
 # What a key held before its round (`latest_per_key`): its row in the state, its tombstone
 HELD_COLUMNS = [("_held_s", False), ("_held_t", True)]
+AT_TYPE = "struct<_file: string, _pos: bigint>"  # where a held row is (`winners.held`)
 
 
 def order_struct(position: Column, snapshot: Column, partition: Column, seq: Column, ordering: Ordering) -> Column:
@@ -126,9 +127,11 @@ def rank(candidates: DataFrame, ordering: Ordering, truncates: Sequence[Truncate
 def latest_per_key(ranked: DataFrame, held: bool = False) -> DataFrame:
     """One row per `_key`: its newest candidate (`_won`), with `_stale` = how many of its events
     were stale; with `held`, also the rows the key held (`HELD_COLUMNS`: the state's and the
-    tombstone, each its stream and bytes, or null)."""
+    tombstone, each its stream and bytes, and where it is if the held rows say, `_at` of
+    `winners.held`; or null)."""
     winner = F.max_by(F.struct(*[F.col(c) for c in CANDIDATE_COLUMNS], F.col("_o")), F.when(F.col("_won"), F.col("_o")))
-    row = F.struct("_topic", "_partition_id", "_payload_bytes")
+    at = F.col("_at") if "_at" in ranked.columns else F.lit(None).cast(AT_TYPE).alias("_at")
+    row = F.struct("_topic", "_partition_id", "_payload_bytes", at)
     tomb = F.col("_op") == retain.DELETE_OP
     was = [F.max_by(row, F.when(F.col("_held") & (tomb if t else ~tomb), 1)).alias(c) for c, t in HELD_COLUMNS]
     aggregates = [winner.alias("w"), F.count(F.col("_stale")).alias("_stale"), *(was if held else [])]

@@ -140,7 +140,11 @@ class Round:
         self.log_seen: int | None = None
         # per table ('s', 't') and stream: the bytes the changes add (`writes.bytes_delta`)
         self.delta: dict[str, dict[str, int]] | None = None
-        self.carried = False  # the changes carry the rows their keys held (`read_dirty`)
+        # the changes carry the rows their keys held, with where they are (`read_dirty`): the
+        # round writes by `writes.commit_delta`, not by MERGE
+        self.carried = False
+        # per table (state, tombstones), the snapshot the plan found (None: none yet)
+        self.based: dict[str, int | None] = {}
 
     def run(self, force: bool) -> CompactionReport:
         self.begin(force)
@@ -188,6 +192,9 @@ class Round:
         tables = {t: load_optional(self.catalog, t) for t in (names.state, names.tombstones)}
         self.bytes = {t: held_bytes(table) for t, table in tables.items()}
         self.holding = [t for t, table in tables.items() if table is not None and holds_rows(table)]
+        for t, table in tables.items():
+            snapshot = table.current_snapshot() if table is not None else None
+            self.based[t] = snapshot.snapshot_id if snapshot is not None else None
         state = tables[names.state]
         self.marker = TRUNCATE.read(state) if state is not None else None
         clean = sum_streams(*self.bytes.values())
@@ -251,10 +258,10 @@ class Round:
             keys = F.broadcast(keys) if self.report.events <= BROADCAST_ROUND else keys.distinct()
             frames = []
             for name, op in held:
-                rows = self.spark.table(self.names.spark(name))
+                rows = winners.held(self.spark.table(self.names.spark(name)), op, at=self.carried)
                 if not (self.truncate is not None and op is None):
                     rows = rows.join(keys, "_key", "left_semi")
-                frames.append(winners.held(rows, op))
+                frames.append(rows)
             # their packing bounds come with the checkpoint's own job
             bounds = Observation("cdclake_held_bounds")
             self.held_rows = (
@@ -277,7 +284,7 @@ class Round:
         changes carry the rows their keys held (`dedupe.latest_per_key`), and the job that
         checkpoints them names the keys each table holds."""
         ordering, held_rows = self.policy.ordering, self.held_rows
-        candidates = self.events if held_rows is None else self.events.unionByName(held_rows)
+        candidates = self.events if held_rows is None else self.events.unionByName(held_rows, allowMissingColumns=True)
         if self.carried:
             ranked, seen = dedupe.rank(candidates, ordering), Observation("cdclake_keys")
             found = dedupe.latest_per_key(ranked, held=True).observe(
@@ -406,10 +413,13 @@ class Round:
         if self.report.deletes or held != []:
             retention = F.expr(f"INTERVAL {int(self.policy.tombstone_retention.total_seconds())} SECONDS")
             source = writes.tombstone_source(self.changes, self.now, retention)
-            source.createOrReplaceTempView("cdclake_tomb_changes")
-            columns = [n for n, _ in META_COLUMNS + TOMBSTONE_EXTRA]
-            sql = writes.write_sql(self.names.spark(tombstones), "cdclake_tomb_changes", columns, "delete", held)
-            writes.write(self.spark, self.catalog, tombstones, sql, self.recorded(tombstones))
+            if self.carried:
+                self.commit_delta(tombstones, source, "delete", self.recorded(tombstones))
+            else:
+                source.createOrReplaceTempView("cdclake_tomb_changes")
+                columns = [n for n, _ in META_COLUMNS + TOMBSTONE_EXTRA]
+                sql = writes.write_sql(self.names.spark(tombstones), "cdclake_tomb_changes", columns, "delete", held)
+                writes.write(self.spark, self.catalog, tombstones, sql, self.recorded(tombstones))
             self.step("merge tombstones")
         crash_point("compact.after-tombstones")
 
@@ -426,7 +436,7 @@ class Round:
         """6. MERGE the state with the cleaner points, the truncate marker and the round's
         figures in the same snapshot."""
         catalog, names, report = self.catalog, self.names, self.report
-        writes.state_source(self.changes, self.columns).createOrReplaceTempView("cdclake_changes")
+        source = writes.state_source(self.changes, self.columns)
         points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
         props = {
             **CLEANER_POINTS.entry(points),
@@ -438,20 +448,33 @@ class Round:
             **(TRUNCATE.entry(self.table_truncate) if self.table_truncate else {}),
             **self.recorded(names.state),
         }
-        meta = [n for n, _ in META_COLUMNS]
-        sql = writes.write_sql(
-            names.spark(names.state),
-            "cdclake_changes",
-            meta + list(self.columns),
-            "upsert",
-            self.held_keys.get(names.state, []),
-        )
-        writes.write(self.spark, catalog, names.state, sql, props)  # every event stale: the properties alone
+        if self.carried:
+            self.commit_delta(names.state, source, "upsert", props)  # every event stale: the properties alone
+        else:
+            source.createOrReplaceTempView("cdclake_changes")
+            meta = [n for n, _ in META_COLUMNS]
+            sql = writes.write_sql(
+                names.spark(names.state),
+                "cdclake_changes",
+                meta + list(self.columns),
+                "upsert",
+                self.held_keys.get(names.state, []),
+            )
+            writes.write(self.spark, catalog, names.state, sql, props)  # every event stale: the properties alone
         newest = [r.last_cleanable_time for r in self.ranges if r.last_cleanable_time is not None]
         if newest:
             compacted_up_to(names.table, max(newest))
         self.step("merge state")
         crash_point("compact.after-commit")
+
+    def commit_delta(self, name: str, source: DataFrame, keep: str, properties: dict[str, str]) -> None:
+        """What a MERGE of `source` into table `name` writes, where the changes carry the rows
+        their keys held and where those are: the rows whose `_action` is `keep` added, every
+        row a changed key held in `name` removed by its position, in one commit."""
+        column = dict(zip((self.names.state, self.names.tombstones), (c for c, _ in dedupe.HELD_COLUMNS)))[name]
+        held = self.changes.where(F.col(column).isNotNull()).select(f"{column}._at._file", f"{column}._at._pos")
+        rows = source.where(F.col("_action") == keep)
+        writes.commit_delta(self.spark, self.names.spark(name), rows, held, properties, self.based.get(name))
 
     def purge(self) -> None:
         """7. Purge expired tombstones (idempotent, its own commit)."""

@@ -99,7 +99,8 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
         events.append(winners.log_candidates(dirty, payload=True).withColumn("_key", _prefixed(i)))
         for name, op in ((r.names.state, None), (r.names.tombstones, "d")):
             if name in r.holding:
-                held.append(winners.held(spark.table(r.names.spark(name)), op).withColumn("_key", _prefixed(i)))
+                rows = winners.held(spark.table(r.names.spark(name)), op, at=True)
+                held.append(rows.withColumn("_key", _prefixed(i)))
     # the logs read once; the held tables' rows for the round's keys in one semi-join
     # one task per core: the union of the tables' scans is otherwise a task or more per table
     tasks = spark.sparkContext.defaultParallelism
@@ -114,7 +115,7 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
             .coalesce(tasks)
             .localCheckpoint(eager=True)
         )
-        candidates = candidates.unionByName(held_rows)
+        candidates = candidates.unionByName(held_rows, allowMissingColumns=True)
     # the newest change per key with the rows the key held, then per table its keys and stale
     # events, its changes' counts, signatures and held keys, and their bytes per stream
     ranked = dedupe.rank(candidates, ordering)

@@ -170,7 +170,11 @@ def newest(
     return winners.unionByName(settled), ranked, counts["n"], stale
 
 
-def held(table: DataFrame, op: str | None) -> DataFrame:
+def held(table: DataFrame, op: str | None, at: bool = False) -> DataFrame:
+    """A state or tombstone table's rows (`op` 'd' for the tombstones) as candidates; `at`, with
+    where each row is (`_at`: its data file and position, Iceberg's `_file` and `_pos`), so
+    that a round can remove it without a MERGE (`writes.commit_delta`). `table` must be the
+    table itself, not a frame over it (its metadata columns are the table's)."""
     cols = [F.col(n) for n, _ in META_COLUMNS if n != "_op"]
     return table.select(
         *cols,
@@ -178,4 +182,5 @@ def held(table: DataFrame, op: str | None) -> DataFrame:
         F.lit(None).cast("string").alias("_after"),
         F.lit(None).cast("string").alias("_after_types"),
         F.lit(True).alias("_held"),
-    ).select(*dedupe.CANDIDATE_COLUMNS)
+        *([F.struct("_file", "_pos").alias("_at")] if at else []),
+    ).select(*dedupe.CANDIDATE_COLUMNS, *(["_at"] if at else []))

@@ -1,0 +1,153 @@
+package cdclake;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.iceberg.DataFile;
+import org.apache.iceberg.DataFiles;
+import org.apache.iceberg.DeleteFile;
+import org.apache.iceberg.FileFormat;
+import org.apache.iceberg.ManifestFile;
+import org.apache.iceberg.ManifestFiles;
+import org.apache.iceberg.MetricsConfig;
+import org.apache.iceberg.RowDelta;
+import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.data.BaseDeleteLoader;
+import org.apache.iceberg.deletes.BaseDVFileWriter;
+import org.apache.iceberg.deletes.PositionDeleteIndex;
+import org.apache.iceberg.encryption.EncryptedOutputFile;
+import org.apache.iceberg.io.CloseableIterable;
+import org.apache.iceberg.io.DeleteWriteResult;
+import org.apache.iceberg.io.FileAppender;
+import org.apache.iceberg.io.OutputFileFactory;
+import org.apache.iceberg.parquet.Parquet;
+import org.apache.iceberg.spark.Spark3Util;
+import org.apache.iceberg.spark.SparkSchemaUtil;
+import org.apache.iceberg.spark.data.SparkParquetWriters;
+import org.apache.iceberg.util.ContentFileUtil;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * A compaction round's write to one table in one snapshot, through Iceberg's API instead of a
+ * MERGE (which plans a scan of the table, joins it with the changes and commits): the rows to
+ * add as one data file, the rows to remove by their file and position as deletion vectors
+ * (each merged with its data file's earlier one, which it replaces), and the snapshot's
+ * properties. Compiled by infra/fetch-jars.sh into .cache/jars, on the driver's class path
+ * with Spark's other jars; iceberg/compaction/writes.py calls it.
+ */
+public final class DeltaWriter {
+  private DeltaWriter() {}
+
+  /**
+   * Commits to table {@code name} (its Spark name) the rows of {@code rows} (the table's
+   * columns, in its order and types) and the deletes of {@code positions} ({@code _file},
+   * {@code _pos} of the rows to remove, read at snapshot {@code base} or later), with {@code
+   * properties} in the snapshot's summary. The commit fails if, since {@code base} (-1: the
+   * table had none), another added data files, deleted the files the deletes reference or
+   * wrote deletes of its own: a writer that lost its lease cannot overwrite the new one's
+   * work. Returns the new snapshot's id.
+   */
+  public static long commit(
+      SparkSession spark,
+      String name,
+      Dataset<Row> rows,
+      Dataset<Row> positions,
+      Map<String, String> properties,
+      long base)
+      throws Exception {
+    Table table = Spark3Util.loadIcebergTable(spark, name);
+    OutputFileFactory files =
+        OutputFileFactory.builderFor(table, 0, 0).format(FileFormat.PARQUET).build();
+    RowDelta delta = table.newRowDelta();
+    InternalRow[] added = rows.queryExecution().executedPlan().executeCollect();
+    if (added.length > 0) {
+      delta.addRows(writeData(table, files.newOutputFile(), rows.schema(), added));
+    }
+    Map<String, List<Long>> byFile = new HashMap<>();
+    for (InternalRow r : positions.queryExecution().executedPlan().executeCollect()) {
+      byFile.computeIfAbsent(r.getUTF8String(0).toString(), k -> new ArrayList<>()).add(r.getLong(1));
+    }
+    if (!byFile.isEmpty()) {
+      Snapshot current = table.currentSnapshot();
+      Map<String, List<DeleteFile>> previous = previousDeletes(table, current, byFile);
+      BaseDeleteLoader loader = new BaseDeleteLoader(f -> table.io().newInputFile(f));
+      OutputFileFactory dvs =
+          OutputFileFactory.builderFor(table, 0, 1).format(FileFormat.PUFFIN).build();
+      BaseDVFileWriter writer =
+          new BaseDVFileWriter(
+              dvs,
+              path -> previous.containsKey(path) ? loader.loadPositionDeletes(previous.get(path), path) : null);
+      try (writer) {
+        for (Map.Entry<String, List<Long>> e : byFile.entrySet()) {
+          for (long pos : e.getValue()) {
+            writer.delete(e.getKey(), pos, table.spec(), null);
+          }
+        }
+      }
+      DeleteWriteResult result = writer.result();
+      result.deleteFiles().forEach(delta::addDeletes);
+      result.rewrittenDeleteFiles().forEach(delta::removeDeletes);
+      delta.validateDataFilesExist(result.referencedDataFiles());
+    }
+    properties.forEach(delta::set);
+    if (base >= 0) {
+      delta.validateFromSnapshot(base);
+    }
+    delta.validateDeletedFiles().validateNoConflictingDataFiles().validateNoConflictingDeleteFiles();
+    delta.commit();
+    return table.currentSnapshot().snapshotId();
+  }
+
+  private static DataFile writeData(Table table, EncryptedOutputFile out, StructType sparkType, InternalRow[] rows)
+      throws IOException {
+    FileAppender<InternalRow> appender =
+        Parquet.write(out)
+            .schema(table.schema())
+            .createWriterFunc(msg -> SparkParquetWriters.buildWriter(table.schema(), msg, sparkType))
+            .setAll(table.properties())
+            .metricsConfig(MetricsConfig.forTable(table))
+            .overwrite()
+            .build();
+    try (appender) {
+      for (InternalRow r : rows) {
+        appender.add(r);
+      }
+    }
+    return DataFiles.builder(table.spec())
+        .withEncryptedOutputFile(out)
+        .withFormat(FileFormat.PARQUET)
+        .withFileSizeInBytes(appender.length())
+        .withMetrics(appender.metrics())
+        .withSplitOffsets(appender.splitOffsets())
+        .build();
+  }
+
+  /** The live delete files of `snapshot` that reference the data files in `paths`. */
+  private static Map<String, List<DeleteFile>> previousDeletes(
+      Table table, Snapshot snapshot, Map<String, ?> paths) throws IOException {
+    Map<String, List<DeleteFile>> out = new HashMap<>();
+    if (snapshot == null) {
+      return out;
+    }
+    for (ManifestFile m : snapshot.deleteManifests(table.io())) {
+      try (CloseableIterable<DeleteFile> entries =
+          ManifestFiles.readDeleteManifest(m, table.io(), table.specs())) {
+        for (DeleteFile f : entries) {
+          String ref = ContentFileUtil.referencedDataFileLocation(f);
+          if (ref != null && paths.containsKey(ref)) {
+            out.computeIfAbsent(ref, k -> new ArrayList<>()).add(f.copy());
+          }
+        }
+      }
+    }
+    return out;
+  }
+}
