@@ -31,7 +31,7 @@ from pyiceberg.typedef import Record
 if TYPE_CHECKING:
     from pyiceberg.table import DataScan, FileScanTask, Table, Transaction
     from pyspark import SparkConf
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 # The versions the contract tests last passed on; an upgrade fails them until rechecked.
@@ -235,6 +235,15 @@ def unpersist_rdds(spark: SparkSession, keep: set[int]) -> None:
     for rdd_id, rdd in spark.sparkContext._jsc.getPersistentRDDs().items():
         if rdd_id not in keep:
             rdd.unpersist(False)
+
+
+def delta_commit(rows: DataFrame, held: DataFrame, table: str, properties: Mapping[str, str], base: int) -> None:
+    """`cdclake.DeltaWriter.commit` (infra/delta-writer) in the driver's JVM, given the frames'
+    Java datasets and session (PySpark's py4j handles `_jdf`, `_jsparkSession`, `_jvm`)."""
+    spark = rows.sparkSession
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    jvm.cdclake.DeltaWriter.commit(spark._jsparkSession, table, rows._jdf, held._jdf, dict(properties), base)
 
 
 def raised_in_python_worker(e: BaseException, module: str) -> tuple[str, str] | None:

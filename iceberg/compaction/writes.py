@@ -13,6 +13,7 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from iceberg import compat
 from iceberg.compaction import schema
 from iceberg.compaction.dedupe import HELD_COLUMNS
 from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, STALE_COLUMNS, TableNames
@@ -59,18 +60,13 @@ def commit_delta(
 ) -> None:
     """Commits to `table` (its Spark name), in one snapshot with `properties`, the `rows` (by
     name; a column they lack is null) and the removal of the rows `held` locates (`_file`,
-    `_pos`, read at snapshot `base` or later), through Iceberg's API
+    `_pos`, read at snapshot `base` or later; None: the table had none), through Iceberg's API
     (infra/delta-writer/DeltaWriter.java): the same snapshot a MERGE of them writes, without
     its plan, scan and join. It fails if another writer changed the table since `base`."""
     fields = spark.table(table).schema.fields
     have = set(rows.columns)
     typed = [(F.col(f.name) if f.name in have else F.lit(None)).cast(f.dataType).alias(f.name) for f in fields]
-    rows = rows.select(*typed)
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    jvm.cdclake.DeltaWriter.commit(
-        spark._jsparkSession, table, rows._jdf, held._jdf, properties, -1 if base is None else base
-    )
+    compat.delta_commit(rows.select(*typed), held, table, properties, -1 if base is None else base)
 
 
 def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:

@@ -362,3 +362,37 @@ def test_two_compactions_at_once_end_as_one_clean_run(spark, settings, tmp_path)
         assert len(outcomes) == 2 and all("table " + n.state in m and "compaction on" in m for m in stopped)
         assert (len(stopped) == 1) if wait == 0 else (stopped == []), outcomes
         assert (offsets_by_key(s, n.state), offsets_by_key(s, n.tombstones)) == want
+
+
+def test_small_rounds_remove_held_rows_by_position_one_deletion_vector_per_file(spark, settings, tmp_path):
+    """Small rounds write through Iceberg's API (`writes.commit_delta`): each removes the rows
+    its keys held by position. Round after round over the same data files, each file keeps one
+    deletion vector that carries every earlier round's deletes too, and Spark and pyiceberg
+    read the model's tables."""
+    import random
+
+    draw, lines, offsets, lsn = random.Random(11), [], [0, 0], 10
+    s = with_source(settings, tmp_path / "in.jsonl")
+    t = names(s, "things")
+    for r in range(4):
+        for k in range(40) if r == 0 else draw.sample(range(50), 15):
+            lsn, part = lsn + 1, draw.randrange(2)
+            op = "c" if r == 0 else draw.choice("cud")
+            lines.append(kline(part, offsets[part], k, pg(op, k, lsn), lsn))
+            offsets[part] += 1
+            if op == "d":
+                lines.append(kline(part, offsets[part], k, None, lsn))
+                offsets[part] += 1
+        write_lines(tmp_path / "in.jsonl", lines)
+        run_ingest(s)
+        report = compact_table(spark, s, "things", packed=False)
+        assert report.events and report.events <= policy_of(s).small_round  # a small round
+        state, tombstones = expected_tables(decoded(tmp_path / "in.jsonl", s), "source")
+        assert (offsets_by_key(s, t.state), offsets_by_key(s, t.tombstones)) == (state, tombstones), r
+        for name, want in ((t.state, state), (t.tombstones, tombstones)):
+            read = spark.table(t.spark(name)).select("_key", "_offset").collect()
+            assert {k: o for k, o in read} == want and len(read) == len(want), (r, name)
+            deletes = spark.sql(f"SELECT referenced_data_file, file_format FROM {t.spark(name)}.delete_files").collect()
+            files = [d.referenced_data_file for d in deletes]
+            assert len(files) == len(set(files)) and {d.file_format for d in deletes} <= {"PUFFIN"}, (r, name)
+    assert_recorded_bytes_are_held(s, "things")

@@ -225,6 +225,30 @@ def test_persisted_rdds_are_listed_and_released_through_the_jvm_context(spark):
 
 
 @pytest.mark.spark
+def test_frames_reach_the_delta_writer_which_fails_where_another_writer_committed_since_its_base(spark, settings):
+    """`compat.delta_commit` hands the frames to infra/delta-writer in the JVM; the write
+    validates from the snapshot its positions were read at, so a writer that lost its lease
+    cannot remove or add rows over another's commit."""
+    table = f"{settings.catalog.name}.{settings.catalog.namespace}.fenced"
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{settings.catalog.namespace}")
+    spark.sql(f"CREATE TABLE {table} (_key string, v bigint) USING iceberg TBLPROPERTIES ('format-version'='3')")
+    spark.sql(f"INSERT INTO {table} VALUES ('a', 1), ('b', 2)")
+    base = spark.sql(f"SELECT snapshot_id FROM {table}.snapshots").first()[0]
+    held = spark.table(table).where("_key = 'a'").select("_file", "_pos").localCheckpoint()
+    spark.sql(f"INSERT INTO {table} VALUES ('c', 3)")  # the other writer
+    rows = spark.createDataFrame([("a", 10)], "_key string, v bigint")
+    with pytest.raises(Exception, match="conflicting files"):
+        compat.delta_commit(rows, held, table, {"k": "v"}, base)
+    assert sorted(map(tuple, spark.table(table).collect())) == [("a", 1), ("b", 2), ("c", 3)]
+    now = spark.sql(f"SELECT max_by(snapshot_id, committed_at) FROM {table}.snapshots").first()[0]
+    with contract("DataFrame._jdf, SparkSession._jsparkSession, SparkContext._jvm", "pyspark"):
+        compat.delta_commit(rows, held, table, {"k": "v"}, now)  # read again, it commits
+    assert sorted(map(tuple, spark.table(table).collect())) == [("a", 10), ("b", 2), ("c", 3)]
+    summary = spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1").first()[0]
+    assert summary["k"] == "v" and summary["added-dvs"] == "1"
+
+
+@pytest.mark.spark
 def test_a_python_workers_error_reaches_the_driver_with_its_class_and_message(spark):
     def fail(batches):
         for _ in batches:
