@@ -474,7 +474,7 @@ class Round:
         column = dict(zip((self.names.state, self.names.tombstones), (c for c, _ in dedupe.HELD_COLUMNS)))[name]
         held = self.changes.where(F.col(column).isNotNull()).select(f"{column}._at._file", f"{column}._at._pos")
         rows = source.where(F.col("_action") == keep)
-        writes.commit_delta(self.spark, self.names.spark(name), rows, held, properties, self.based.get(name))
+        writes.commit_delta(self.names.spark(name), rows, held, properties, self.based.get(name))
 
     def purge(self) -> None:
         """7. Purge expired tombstones (idempotent, its own commit)."""

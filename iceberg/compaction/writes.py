@@ -55,18 +55,13 @@ def write(spark: SparkSession, catalog: Catalog, name: str, sql: str, properties
         record(spark, ".".join(f"`{p}`" for p in (catalog.name, *name.split("."))), properties)  # as TableNames.spark
 
 
-def commit_delta(
-    spark: SparkSession, table: str, rows: DataFrame, held: DataFrame, properties: dict[str, str], base: int | None
-) -> None:
+def commit_delta(table: str, rows: DataFrame, held: DataFrame, properties: dict[str, str], base: int | None) -> None:
     """Commits to `table` (its Spark name), in one snapshot with `properties`, the `rows` (by
     name; a column they lack is null) and the removal of the rows `held` locates (`_file`,
     `_pos`, read at snapshot `base` or later; None: the table had none), through Iceberg's API
     (infra/delta-writer/DeltaWriter.java): the same snapshot a MERGE of them writes, without
     its plan, scan and join. It fails if another writer changed the table since `base`."""
-    fields = spark.table(table).schema.fields
-    have = set(rows.columns)
-    typed = [(F.col(f.name) if f.name in have else F.lit(None)).cast(f.dataType).alias(f.name) for f in fields]
-    compat.delta_commit(rows.select(*typed), held, table, properties, -1 if base is None else base)
+    compat.delta_commit(rows, held, table, properties, -1 if base is None else base)
 
 
 def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:

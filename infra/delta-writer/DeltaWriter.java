@@ -3,9 +3,12 @@ package cdclake;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
 import org.apache.iceberg.DeleteFile;
@@ -29,10 +32,13 @@ import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.spark.SparkSchemaUtil;
 import org.apache.iceberg.spark.data.SparkParquetWriters;
 import org.apache.iceberg.util.ContentFileUtil;
+import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.functions;
+import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 /**
@@ -47,8 +53,8 @@ public final class DeltaWriter {
   private DeltaWriter() {}
 
   /**
-   * Commits to table {@code name} (its Spark name) the rows of {@code rows} (the table's
-   * columns, in its order and types) and the deletes of {@code positions} ({@code _file},
+   * Commits to table {@code name} (its Spark name) the rows of {@code rows} (by column name;
+   * a column they lack is null) and the deletes of {@code positions} ({@code _file},
    * {@code _pos} of the rows to remove, read at snapshot {@code base} or later), with {@code
    * properties} in the snapshot's summary. The commit fails if, since {@code base} (-1: the
    * table had none), another added data files, deleted the files the deletes reference or
@@ -64,12 +70,18 @@ public final class DeltaWriter {
       long base)
       throws Exception {
     Table table = Spark3Util.loadIcebergTable(spark, name);
+    if (!table.spec().isUnpartitioned()) {
+      throw new IllegalStateException(
+          name + " is partitioned (" + table.spec() + "); the compaction writes its state and tombstones "
+              + "unpartitioned: drop the partition spec (ALTER TABLE ... DROP PARTITION FIELD)");
+    }
     OutputFileFactory files =
         OutputFileFactory.builderFor(table, 0, 0).format(FileFormat.PARQUET).build();
     RowDelta delta = table.newRowDelta();
-    InternalRow[] added = rows.queryExecution().executedPlan().executeCollect();
+    Dataset<Row> typed = typed(rows, SparkSchemaUtil.convert(table.schema()));
+    InternalRow[] added = typed.queryExecution().executedPlan().executeCollect();
     if (added.length > 0) {
-      delta.addRows(writeData(table, files.newOutputFile(), rows.schema(), added));
+      delta.addRows(writeData(table, files.newOutputFile(), typed.schema(), added));
     }
     Map<String, List<Long>> byFile = new HashMap<>();
     for (InternalRow r : positions.queryExecution().executedPlan().executeCollect()) {
@@ -104,6 +116,17 @@ public final class DeltaWriter {
     delta.validateDeletedFiles().validateNoConflictingDataFiles().validateNoConflictingDeleteFiles();
     delta.commit();
     return table.currentSnapshot().snapshotId();
+  }
+
+  /** {@code rows} as the table's columns, in its order and types (a column they lack: null). */
+  private static Dataset<Row> typed(Dataset<Row> rows, StructType table) {
+    Set<String> have = new HashSet<>(Arrays.asList(rows.columns()));
+    List<Column> columns = new ArrayList<>();
+    for (StructField f : table.fields()) {
+      Column c = have.contains(f.name()) ? rows.col(f.name()) : functions.lit(null);
+      columns.add(c.cast(f.dataType()).as(f.name()));
+    }
+    return rows.select(columns.toArray(new Column[0]));
   }
 
   private static DataFile writeData(Table table, EncryptedOutputFile out, StructType sparkType, InternalRow[] rows)
