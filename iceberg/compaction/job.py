@@ -420,7 +420,7 @@ class Round:
                 columns = [n for n, _ in META_COLUMNS + TOMBSTONE_EXTRA]
                 sql = writes.write_sql(self.names.spark(tombstones), "cdclake_tomb_changes", columns, "delete", held)
                 writes.write(self.spark, self.catalog, tombstones, sql, self.recorded(tombstones))
-            self.step("merge tombstones")
+            self.step("write tombstones")
         crash_point("compact.after-tombstones")
 
     def write_stale(self) -> None:
@@ -464,7 +464,7 @@ class Round:
         newest = [r.last_cleanable_time for r in self.ranges if r.last_cleanable_time is not None]
         if newest:
             compacted_up_to(names.table, max(newest))
-        self.step("merge state")
+        self.step("write state")
         crash_point("compact.after-commit")
 
     def commit_delta(self, name: str, source: DataFrame, keep: str, properties: dict[str, str]) -> None:
