@@ -9,10 +9,11 @@
    truncate, else the window, which applies truncates in turn) and what it does (upsert,
    delete, truncate); `record_stale`: the stale events;
 4. `evolve_schema`: the columns the state can hold (the rest of the events: dead letters);
-5. `write_tombstones` (MERGE), `write_stale`; 6. `write_state`: MERGE the state with the new
-   cleaner points and truncate marker in the same snapshot (into a table that holds none of
-   the round's keys, 5 and 6 INSERT; each MERGE names the keys its table holds, up to
-   `HELD_KEYS_MAX`);
+5. `write_tombstones`, `write_stale`; 6. `write_state`: the state with the new cleaner points
+   and truncate marker in the same snapshot (a small round's changes carry where the rows
+   their keys held are, and 5 and 6 commit through Iceberg's API, `writes.commit_delta`;
+   a larger round MERGEs, into a table that holds none of its keys INSERTs, and each MERGE
+   names the keys its table holds, up to `HELD_KEYS_MAX`);
 7. `purge` expired tombstones; `trim_log`: log and dead-letter rows past the log retention
    that no key needs (below the cleaner point, not a winner, not a truncate); 8.
    `maintain`: rewrite small files (the log's manifests) and expire old snapshots when due
@@ -406,8 +407,8 @@ class Round:
         return STREAM_BYTES.entry({s: b for s, b in self.bytes[name].items() if b})
 
     def write_tombstones(self) -> None:
-        """5. MERGE the tombstones: a delete's own, removed for a key written or truncated
-        (nothing to write in a round without deletes whose keys hold no tombstone)."""
+        """5. The tombstones: a delete's own, removed for a key written or truncated (nothing
+        to write in a round without deletes whose keys hold no tombstone)."""
         tombstones = self.names.tombstones
         held = self.held_keys.get(tombstones, [])
         if self.report.deletes or held != []:
@@ -433,8 +434,8 @@ class Round:
         self.step("stale events")
 
     def write_state(self) -> None:
-        """6. MERGE the state with the cleaner points, the truncate marker and the round's
-        figures in the same snapshot."""
+        """6. The state, with the cleaner points, the truncate marker and the round's figures
+        in the same snapshot."""
         catalog, names, report = self.catalog, self.names, self.report
         source = writes.state_source(self.changes, self.columns)
         points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}

@@ -9,8 +9,9 @@ once for a group of such rounds: each table's keys carry the table's index in th
 and key. Each round then takes its part (`Share.give`) and writes its own tables with its own
 commits, as a round alone would: the atomicity, the lease and the crash points are the
 round's. A round with a truncate (its own, or a marker from an earlier one) reads alone.
-The rounds' writes stay a statement and a commit per table, and those, not loading the
-tables (a few ms each), are most of a small round's cost (docs/performance.md).
+The rounds' writes stay a commit per table (through Iceberg's API: `writes.commit_delta`),
+and those, not loading the tables (a few ms each), are most of a small round's cost
+(docs/performance.md).
 """
 
 from __future__ import annotations
