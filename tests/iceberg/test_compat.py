@@ -244,8 +244,12 @@ def test_frames_reach_the_delta_writer_which_fails_where_another_writer_committe
     with contract("DataFrame._jdf, SparkSession._jsparkSession, SparkContext._jvm", "pyspark"):
         compat.delta_commit(rows, held, table, {"k": "v"}, now)  # read again, it commits
     assert sorted(map(tuple, spark.table(table).collect())) == [("a", 10), ("b", 2), ("c", 3)]
-    summary = spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1").first()[0]
+    latest = f"SELECT snapshot_id, summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1"
+    now, summary = spark.sql(latest).first()
     assert summary["k"] == "v" and summary["added-dvs"] == "1"
+    compat.delta_commit(rows.limit(0), held.limit(0), table, {"k": "w"}, now)  # nothing to write: a snapshot still
+    assert spark.sql(latest).first()[1]["k"] == "w"
+    assert sorted(map(tuple, spark.table(table).collect())) == [("a", 10), ("b", 2), ("c", 3)]
 
 
 @pytest.mark.spark
