@@ -415,7 +415,7 @@ class Round:
             retention = F.expr(f"INTERVAL {int(self.policy.tombstone_retention.total_seconds())} SECONDS")
             source = writes.tombstone_source(self.changes, self.now, retention)
             if self.carried:
-                self.commit_delta(tombstones, source, "delete", self.recorded(tombstones))
+                self.commit_delta(tombstones, "_held_t", source, "delete", self.recorded(tombstones))
             else:
                 source.createOrReplaceTempView("cdclake_tomb_changes")
                 columns = [n for n, _ in META_COLUMNS + TOMBSTONE_EXTRA]
@@ -450,7 +450,7 @@ class Round:
             **self.recorded(names.state),
         }
         if self.carried:
-            self.commit_delta(names.state, source, "upsert", props)  # every event stale: the properties alone
+            self.commit_delta(names.state, "_held_s", source, "upsert", props)  # all stale: the properties alone
         else:
             source.createOrReplaceTempView("cdclake_changes")
             meta = [n for n, _ in META_COLUMNS]
@@ -468,11 +468,11 @@ class Round:
         self.step("write state")
         crash_point("compact.after-commit")
 
-    def commit_delta(self, name: str, source: DataFrame, keep: str, properties: dict[str, str]) -> None:
+    def commit_delta(self, name: str, column: str, source: DataFrame, keep: str, properties: dict[str, str]) -> None:
         """What a MERGE of `source` into table `name` writes, where the changes carry the rows
-        their keys held and where those are: the rows whose `_action` is `keep` added, every
-        row a changed key held in `name` removed by its position, in one commit."""
-        column = dict(zip((self.names.state, self.names.tombstones), (c for c, _ in dedupe.HELD_COLUMNS)))[name]
+        their keys held and where those are (`column` of `dedupe.HELD_COLUMNS`): the rows whose
+        `_action` is `keep` added, every row a changed key held in `name` removed by its
+        position, in one commit."""
         held = self.changes.where(F.col(column).isNotNull()).select(f"{column}._at._file", f"{column}._at._pos")
         rows = source.where(F.col("_action") == keep)
         writes.commit_delta(self.names.spark(name), rows, held, properties, self.based.get(name))
