@@ -1,4 +1,5 @@
-"""Log retention over 24 rounds of a steady stream, an hour of events a round: the log keeps
+"""Log retention over 24 rounds of a steady stream, an hour of events a round (the small rounds of
+production, written through Iceberg's API): the log keeps
 what is younger than the retention plus what the keys need (each live key's and tombstone's
 winning event, truncates), so its size stays bounded while the state and tombstones remain
 those of the model of the whole stream, and the reader and verify still work from it."""
@@ -52,7 +53,7 @@ def test_log_retention_bounds_the_log_over_24_rounds(spark, settings, tmp_path):
         write_lines(path, [json.dumps(x) for x in lines])
         run_ingest(s)
         now = START + timedelta(hours=n, minutes=30)
-        report = compact_table(spark, s, "things", now=now, log_retention=True)
+        report = compact_table(spark, s, "things", now=now, packed=False, log_retention=True)  # as in production
         sizes.append(load_catalog(s).load_table(log).scan().count())
         trimmed.append(report.trimmed)
     # what the log may hold: the last RETENTION_H + 1 rounds, one winner per key and tombstone,
