@@ -1,8 +1,8 @@
 """Log retention over 24 rounds of a steady stream, an hour of events a round (the small rounds of
-production, written through Iceberg's API): the log keeps
-what is younger than the retention plus what the keys need (each live key's and tombstone's
-winning event, truncates), so its size stays bounded while the state and tombstones remain
-those of the model of the whole stream, and the reader and verify still work from it."""
+production, written through Iceberg's API): the log keeps what is younger than the retention
+plus what the keys need (each live key's and tombstone's winning event, truncates), so its size
+stays bounded while the state and tombstones remain those of the model of the whole stream, and
+the reader and verify still work from it."""
 
 from __future__ import annotations
 
