@@ -237,13 +237,35 @@ def unpersist_rdds(spark: SparkSession, keep: set[int]) -> None:
             rdd.unpersist(False)
 
 
-def delta_commit(rows: DataFrame, held: DataFrame, table: str, properties: Mapping[str, str], base: int) -> None:
+def delta_commit(
+    rows: DataFrame,
+    held: DataFrame,
+    table: str,
+    properties: Mapping[str, str],
+    base: int,
+    add: Mapping[str, str],
+    widen: Mapping[str, str],
+) -> None:
     """`cdclake.DeltaWriter.commit` (infra/delta-writer) in the driver's JVM, given the frames'
-    Java datasets and session (PySpark's py4j handles `_jdf`, `_jsparkSession`, `_jvm`)."""
+    Java datasets and session (PySpark's py4j handles `_jdf`, `_jsparkSession`, `_jvm`); the
+    column changes as lists (name, type, ...): py4j makes a dict a map without order."""
     spark = rows.sparkSession
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    jvm.cdclake.DeltaWriter.commit(spark._jsparkSession, table, rows._jdf, held._jdf, dict(properties), base)
+    pairs = [[x for item in m.items() for x in item] for m in (add, widen)]
+    jvm.cdclake.DeltaWriter.commit(spark._jsparkSession, table, rows._jdf, held._jdf, dict(properties), base, *pairs)
+
+
+def on_driver(frame: DataFrame) -> DataFrame:
+    """`frame`'s rows collected into the driver's JVM (one job) and a frame over them there: a
+    local relation, whose filters and projections Spark's optimizer applies to the rows
+    (`ConvertToLocalRelation`), so reading a part of it runs no job. Through PySpark's py4j
+    handles (`_jdf`, `_jsparkSession`); the rows never reach Python."""
+    from pyspark.sql import DataFrame as Frame
+
+    spark = frame.sparkSession
+    rows = frame._jdf.collectAsList()
+    return Frame(spark._jsparkSession.createDataFrame(rows, frame._jdf.schema()), spark)
 
 
 def raised_in_python_worker(e: BaseException, module: str) -> tuple[str, str] | None:

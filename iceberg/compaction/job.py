@@ -136,6 +136,7 @@ class Round:
         self.ranked: DataFrame | None = None
         self.stale_rows: DataFrame | None = None
         self.columns: dict[str, str] = {}
+        self.column_plan: schema.ColumnPlan | None = None  # the columns it changes in its state's commit
         self.bytes: dict[str, dict[str, int]] = {}  # per table (state, tombstones): bytes per stream
         # the log's snapshot the plan read, where the round leaves no event of it dirty
         self.log_seen: int | None = None
@@ -153,11 +154,9 @@ class Round:
         return self.finish()
 
     def begin(self, force: bool) -> None:
-        """1. The plan, and the round's tables created where they are not yet."""
+        """1. The plan."""
         self.started = time.monotonic()
         self.plan(force)
-        if not all(self.catalog.table_exists(t) for t in (self.names.state, self.names.tombstones, self.names.stale)):
-            schema.ensure_tables(self.spark, self.names)
 
     def read(self) -> None:
         """2. - 3. What the round changes (`iceberg.compaction.shared` reads it for several
@@ -169,7 +168,10 @@ class Round:
             self.record_stale()
 
     def finish(self) -> CompactionReport:
-        """4. - 8. The writes and the upkeep."""
+        """4. - 8. The round's tables created where they are not yet (in the pass's pool: the
+        tables of many rounds at once), the writes and the upkeep."""
+        if not all(self.catalog.table_exists(t) for t in (self.names.state, self.names.tombstones, self.names.stale)):
+            schema.ensure_tables(self.spark, self.names)
         if self.report.ranges:
             self.evolve_schema()
             self.write_tombstones()
@@ -378,7 +380,8 @@ class Round:
         )
 
     def evolve_schema(self) -> None:
-        """4. The state takes every column it can; an event it cannot hold is a dead letter."""
+        """4. The state takes every column it can; an event it cannot hold is a dead letter.
+        A round that writes through Iceberg's API changes the columns in its state's commit."""
         names = self.names
         plan = schema.plan_columns(schema.data_columns(self.spark, names), self.signatures, self.policy.max_new_columns)
         if plan.refused:
@@ -387,8 +390,9 @@ class Round:
             )
             self.report.upserts -= self.report.refused
             self.delta = None  # counted again without the refused changes
-        schema.evolve(self.spark, names, plan)
-        self.columns = plan.columns
+        if not self.carried:
+            schema.evolve(self.spark, names, plan)
+        self.columns, self.column_plan = plan.columns, plan
         self.count_bytes()
         self.step("schema")
 
@@ -449,8 +453,8 @@ class Round:
             **(TRUNCATE.entry(self.table_truncate) if self.table_truncate else {}),
             **self.recorded(names.state),
         }
-        if self.carried:
-            self.commit_delta(names.state, "_held_s", source, "upsert", props)  # all stale: the properties alone
+        if self.carried:  # all stale: the properties alone
+            self.commit_delta(names.state, "_held_s", source, "upsert", props, self.column_plan)
         else:
             source.createOrReplaceTempView("cdclake_changes")
             meta = [n for n, _ in META_COLUMNS]
@@ -468,14 +472,22 @@ class Round:
         self.step("write state")
         crash_point("compact.after-commit")
 
-    def commit_delta(self, name: str, column: str, source: DataFrame, keep: str, properties: dict[str, str]) -> None:
+    def commit_delta(
+        self,
+        name: str,
+        column: str,
+        source: DataFrame,
+        keep: str,
+        properties: dict[str, str],
+        columns: schema.ColumnPlan | None = None,
+    ) -> None:
         """What a MERGE of `source` into table `name` writes, where the changes carry the rows
         their keys held and where those are (`column` of `dedupe.HELD_COLUMNS`): the rows whose
         `_action` is `keep` added, every row a changed key held in `name` removed by its
-        position, in one commit."""
+        position, in one commit (with the `columns` plan's column changes)."""
         held = self.changes.where(F.col(column).isNotNull()).select(f"{column}._at._file", f"{column}._at._pos")
         rows = source.where(F.col("_action") == keep)
-        writes.commit_delta(self.names.spark(name), rows, held, properties, self.based.get(name))
+        writes.commit_delta(self.names.spark(name), rows, held, properties, self.based.get(name), columns)
 
     def purge(self) -> None:
         """7. Purge expired tombstones (idempotent, its own commit)."""

@@ -29,7 +29,7 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from iceberg import leases
+from iceberg import compat, leases
 from iceberg.compaction import dedupe, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.job import BROADCAST_ROUND, HELD_KEYS_MAX, Round
@@ -146,7 +146,8 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
             reasons.setdefault(i, {})[reason] = n
         stale_view = f"cdclake_{tag}_stale"
         rows.createOrReplaceGlobalTempView(stale_view)
-    changes.createOrReplaceGlobalTempView(changes_view)
+    # held in the driver's JVM: each round's writes take their part with no Spark job
+    compat.on_driver(changes).createOrReplaceGlobalTempView(changes_view)
     shares = {}
     for i, r in enumerate(rounds):  # no Spark job from here: a failure above leaves every round as it was
         c = counts.get(i)

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from iceberg import compat
 from iceberg.compaction import schema
 from iceberg.compaction.dedupe import HELD_COLUMNS
+from iceberg.compaction.schema import ColumnPlan
 from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, STALE_COLUMNS, TableNames
 from iceberg.log_writer import upgrade
 from iceberg.maintenance import sql_literal
@@ -55,13 +56,22 @@ def write(spark: SparkSession, catalog: Catalog, name: str, sql: str, properties
         record(spark, ".".join(f"`{p}`" for p in (catalog.name, *name.split("."))), properties)  # as TableNames.spark
 
 
-def commit_delta(table: str, rows: DataFrame, held: DataFrame, properties: dict[str, str], base: int | None) -> None:
+def commit_delta(
+    table: str,
+    rows: DataFrame,
+    held: DataFrame,
+    properties: dict[str, str],
+    base: int | None,
+    columns: ColumnPlan | None = None,
+) -> None:
     """Commits to `table` (its Spark name), in one snapshot with `properties`, the `rows` (by
     name; a column they lack is null) and the removal of the rows `held` locates (`_file`,
     `_pos`, read at snapshot `base` or later; None: the table had none), through Iceberg's API
     (infra/delta-writer/DeltaWriter.java): the same snapshot a MERGE of them writes, without
-    its plan, scan and join. It fails if another writer changed the table since `base`."""
-    compat.delta_commit(rows, held, table, properties, -1 if base is None else base)
+    its plan, scan and join, and with the `columns` plan's new and widened columns (no schema
+    change of its own). It fails if another writer changed the table since `base`."""
+    add, widen = (columns.add, columns.widen) if columns is not None else ({}, {})
+    compat.delta_commit(rows, held, table, properties, -1 if base is None else base, add, widen)
 
 
 def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:

@@ -19,6 +19,8 @@ import org.apache.iceberg.MetricsConfig;
 import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
+import org.apache.iceberg.Transaction;
+import org.apache.iceberg.UpdateSchema;
 import org.apache.iceberg.data.BaseDeleteLoader;
 import org.apache.iceberg.deletes.BaseDVFileWriter;
 import org.apache.iceberg.deletes.PositionDeleteIndex;
@@ -31,6 +33,7 @@ import org.apache.iceberg.parquet.Parquet;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.spark.SparkSchemaUtil;
 import org.apache.iceberg.spark.data.SparkParquetWriters;
+import org.apache.iceberg.types.Type;
 import org.apache.iceberg.util.ContentFileUtil;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
@@ -38,6 +41,7 @@ import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.functions;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
@@ -59,7 +63,9 @@ public final class DeltaWriter {
    * properties} in the snapshot's summary. The commit fails if, since {@code base} (-1: the
    * table had none), another added data files, deleted the files the deletes reference or
    * wrote deletes of its own: a writer that lost its lease cannot overwrite the new one's
-   * work. Returns the new snapshot's id.
+   * work. {@code add} and {@code widen} (name, Spark type, name, type, ...) change the table's
+   * columns in the same commit: the columns added (in their order), then those widened.
+   * Returns the new snapshot's id.
    */
   public static long commit(
       SparkSession spark,
@@ -67,9 +73,23 @@ public final class DeltaWriter {
       Dataset<Row> rows,
       Dataset<Row> positions,
       Map<String, String> properties,
-      long base)
+      long base,
+      List<String> add,
+      List<String> widen)
       throws Exception {
-    Table table = Spark3Util.loadIcebergTable(spark, name);
+    Transaction tx = Spark3Util.loadIcebergTable(spark, name).newTransaction();
+    if (!add.isEmpty() || !widen.isEmpty()) {
+      UpdateSchema columns = tx.updateSchema();
+      for (int i = 0; i < add.size(); i += 2) {
+        columns.addColumn(null, add.get(i), SparkSchemaUtil.convert(DataType.fromDDL(add.get(i + 1))));
+      }
+      for (int i = 0; i < widen.size(); i += 2) {
+        Type to = SparkSchemaUtil.convert(DataType.fromDDL(widen.get(i + 1)));
+        columns.updateColumn(widen.get(i), to.asPrimitiveType());
+      }
+      columns.commit();
+    }
+    Table table = tx.table();
     if (!table.spec().isUnpartitioned()) {
       throw new IllegalStateException(
           name + " is partitioned (" + table.spec() + "); the compaction writes its state and tombstones "
@@ -77,7 +97,7 @@ public final class DeltaWriter {
     }
     OutputFileFactory files =
         OutputFileFactory.builderFor(table, 0, 0).format(FileFormat.PARQUET).build();
-    RowDelta delta = table.newRowDelta();
+    RowDelta delta = tx.newRowDelta();
     Dataset<Row> typed = typed(rows, SparkSchemaUtil.convert(table.schema()));
     InternalRow[] added = typed.queryExecution().executedPlan().executeCollect();
     if (added.length > 0) {
@@ -115,7 +135,8 @@ public final class DeltaWriter {
     }
     delta.validateDeletedFiles().validateNoConflictingDataFiles().validateNoConflictingDeleteFiles();
     delta.commit();
-    return table.currentSnapshot().snapshotId();
+    tx.commitTransaction();
+    return tx.table().currentSnapshot().snapshotId();
   }
 
   /** {@code rows} as the table's columns, in its order and types (a column they lack: null). */
@@ -123,7 +144,8 @@ public final class DeltaWriter {
     Set<String> have = new HashSet<>(Arrays.asList(rows.columns()));
     List<Column> columns = new ArrayList<>();
     for (StructField f : table.fields()) {
-      Column c = have.contains(f.name()) ? rows.col(f.name()) : functions.lit(null);
+      String quoted = "`" + f.name().replace("`", "``") + "`"; // a name may hold dots
+      Column c = have.contains(f.name()) ? rows.col(quoted) : functions.lit(null);
       columns.add(c.cast(f.dataType()).as(f.name()));
     }
     return rows.select(columns.toArray(new Column[0]));

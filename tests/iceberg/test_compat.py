@@ -228,28 +228,47 @@ def test_persisted_rdds_are_listed_and_released_through_the_jvm_context(spark):
 def test_frames_reach_the_delta_writer_which_fails_where_another_writer_committed_since_its_base(spark, settings):
     """`compat.delta_commit` hands the frames to infra/delta-writer in the JVM; the write
     validates from the snapshot its positions were read at, so a writer that lost its lease
-    cannot remove or add rows over another's commit."""
+    cannot remove or add rows over another's commit, nor change the columns. Columns added
+    (in their order) and widened go in the same snapshot as the rows."""
     table = f"{settings.catalog.name}.{settings.catalog.namespace}.fenced"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{settings.catalog.namespace}")
-    spark.sql(f"CREATE TABLE {table} (_key string, v bigint) USING iceberg TBLPROPERTIES ('format-version'='3')")
-    spark.sql(f"INSERT INTO {table} VALUES ('a', 1), ('b', 2)")
+    spark.sql(f"CREATE TABLE {table} (_key string, v bigint, i int) USING iceberg TBLPROPERTIES ('format-version'='3')")
+    spark.sql(f"INSERT INTO {table} VALUES ('a', 1, 1), ('b', 2, 2)")
     base = spark.sql(f"SELECT snapshot_id FROM {table}.snapshots").first()[0]
     held = spark.table(table).where("_key = 'a'").select("_file", "_pos").localCheckpoint()
-    spark.sql(f"INSERT INTO {table} VALUES ('c', 3)")  # the other writer
-    rows = spark.createDataFrame([("a", 10)], "_key string, v bigint")
+    spark.sql(f"INSERT INTO {table} VALUES ('c', 3, 3)")  # the other writer
+    rows = spark.createDataFrame(
+        [("a", 10, 2**40, "x", 1.5)], "_key string, v bigint, i bigint, w string, `z.y` double"
+    )
+    add, widen = {"w": "string", "z.y": "double"}, {"i": "bigint"}
     with pytest.raises(Exception, match="conflicting files"):
-        compat.delta_commit(rows, held, table, {"k": "v"}, base)
-    assert sorted(map(tuple, spark.table(table).collect())) == [("a", 1), ("b", 2), ("c", 3)]
-    now = spark.sql(f"SELECT max_by(snapshot_id, committed_at) FROM {table}.snapshots").first()[0]
+        compat.delta_commit(rows, held, table, {"k": "v"}, base, add, widen)
+    assert sorted(map(tuple, spark.table(table).collect())) == [("a", 1, 1), ("b", 2, 2), ("c", 3, 3)]
+    snapshots = f"SELECT count(*) FROM {table}.snapshots"
+    now, count = spark.sql(f"SELECT max_by(snapshot_id, committed_at), count(*) FROM {table}.snapshots").first()
     with contract("DataFrame._jdf, SparkSession._jsparkSession, SparkContext._jvm", "pyspark"):
-        compat.delta_commit(rows, held, table, {"k": "v"}, now)  # read again, it commits
-    assert sorted(map(tuple, spark.table(table).collect())) == [("a", 10), ("b", 2), ("c", 3)]
+        compat.delta_commit(rows, held, table, {"k": "v"}, now, add, widen)  # read again, it commits
+    assert spark.sql(snapshots).first()[0] == count + 1
+    assert spark.table(table).dtypes == [
+        ("_key", "string"),
+        ("v", "bigint"),
+        ("i", "bigint"),
+        ("w", "string"),
+        ("z.y", "double"),
+    ]
+    assert sorted(map(tuple, spark.table(table).collect())) == [
+        ("a", 10, 2**40, "x", 1.5),
+        ("b", 2, 2, None, None),
+        ("c", 3, 3, None, None),
+    ]
     latest = f"SELECT snapshot_id, summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1"
     now, summary = spark.sql(latest).first()
     assert summary["k"] == "v" and summary["added-dvs"] == "1"
-    compat.delta_commit(rows.limit(0), held.limit(0), table, {"k": "w"}, now)  # nothing to write: a snapshot still
+    compat.delta_commit(
+        rows.limit(0), held.limit(0), table, {"k": "w"}, now, {}, {}
+    )  # nothing to write: a snapshot still
     assert spark.sql(latest).first()[1]["k"] == "w"
-    assert sorted(map(tuple, spark.table(table).collect())) == [("a", 10), ("b", 2), ("c", 3)]
+    assert len(spark.table(table).collect()) == 3
 
 
 @pytest.mark.spark
