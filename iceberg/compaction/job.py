@@ -392,6 +392,8 @@ class Round:
             self.delta = None  # counted again without the refused changes
         if not self.carried:
             schema.evolve(self.spark, names, plan)
+        elif plan.add or plan.widen:
+            log.info("%s: adds columns %s and widens %s with its state's commit", names.state, plan.add, plan.widen)
         self.columns, self.column_plan = plan.columns, plan
         self.count_bytes()
         self.step("schema")
