@@ -135,8 +135,7 @@ class Round:
         self.held_keys: dict[str, list[str] | None] = {}
         self.ranked: DataFrame | None = None
         self.stale_rows: DataFrame | None = None
-        self.columns: dict[str, str] = {}
-        self.column_plan: schema.ColumnPlan | None = None  # the columns it changes in its state's commit
+        self.columns = schema.ColumnPlan({})  # the state's columns after the round, and what it changes
         self.bytes: dict[str, dict[str, int]] = {}  # per table (state, tombstones): bytes per stream
         # the log's snapshot the plan read, where the round leaves no event of it dirty
         self.log_seen: int | None = None
@@ -394,7 +393,7 @@ class Round:
             schema.evolve(self.spark, names, plan)
         elif plan.add or plan.widen:
             log.info("%s: adds columns %s and widens %s with its state's commit", names.state, plan.add, plan.widen)
-        self.columns, self.column_plan = plan.columns, plan
+        self.columns = plan
         self.count_bytes()
         self.step("schema")
 
@@ -443,7 +442,7 @@ class Round:
         """6. The state, with the cleaner points, the truncate marker and the round's figures
         in the same snapshot."""
         catalog, names, report = self.catalog, self.names, self.report
-        source = writes.state_source(self.changes, self.columns)
+        source = writes.state_source(self.changes, self.columns.columns)
         points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
         props = {
             **CLEANER_POINTS.entry(points),
@@ -456,14 +455,14 @@ class Round:
             **self.recorded(names.state),
         }
         if self.carried:  # all stale: the properties alone
-            self.commit_delta(names.state, "_held_s", source, "upsert", props, self.column_plan)
+            self.commit_delta(names.state, "_held_s", source, "upsert", props, self.columns)
         else:
             source.createOrReplaceTempView("cdclake_changes")
             meta = [n for n, _ in META_COLUMNS]
             sql = writes.write_sql(
                 names.spark(names.state),
                 "cdclake_changes",
-                meta + list(self.columns),
+                meta + list(self.columns.columns),
                 "upsert",
                 self.held_keys.get(names.state, []),
             )
