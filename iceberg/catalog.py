@@ -44,7 +44,19 @@ class TableUnreadableError(ConnectorError):
 
 
 class Catalog(SqlCatalog):
-    """pyiceberg's SQL catalog; a table whose metadata file cannot be read is one clear error."""
+    """pyiceberg's SQL catalog; a table whose metadata file cannot be read is one clear error.
+    A SQLite catalog is put in write-ahead-log mode (kept in the file): a writer (a commit,
+    from Python or Spark's JVM, a lease's renewal) then neither waits for readers nor makes
+    them wait."""
+
+    def __init__(self, name: str, **properties: str):
+        super().__init__(name, **properties)
+        if self.engine.dialect.name == "sqlite":
+            try:
+                with self.engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            except OperationalError:  # another process holds the file: it sets the mode once free
+                pass
 
     @property
     def lease_engine(self) -> Engine:

@@ -37,10 +37,13 @@ def spark_jars(settings: Settings) -> list[str]:
 def file_io(settings: Settings) -> dict[str, str]:
     """The catalog's FileIO properties for Iceberg in Spark: the configured ones, with
     `S3FileIO` (iceberg-aws-bundle) for a warehouse on S3 unless `io-impl` names another, and
-    `ADLSFileIO` with its credentials for one on Azure (`iceberg.azure`)."""
+    `ADLSFileIO` with its credentials for one on Azure (`iceberg.azure`), and for a local one
+    `cdclake.LocalFileIO` (infra/delta-writer: Java's file API, not Hadoop's process a file)."""
     props = storage_properties(settings, spark=True)
     if settings.warehouse.startswith(("s3://", "s3a://")):
         props.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
+    elif settings.warehouse.startswith("file:") or "://" not in settings.warehouse:
+        props.setdefault("io-impl", "cdclake.LocalFileIO")
     return props
 
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.cache/jars
-helper=infra/delta-writer/DeltaWriter.java
+helpers=infra/delta-writer
 command -v javac >/dev/null || { echo "javac not found: install a JDK 17+ (apt-get install openjdk-17-jdk-headless)" >&2; exit 1; }
 if ! ls "$out"/iceberg-spark-runtime-*.jar >/dev/null 2>&1 || [ ! "$out/.stamp" -nt infra/pom.xml ]; then
   command -v mvn >/dev/null || { echo "mvn not found: install Maven (apt-get install maven)" >&2; exit 1; }
@@ -13,11 +13,11 @@ if ! ls "$out"/iceberg-spark-runtime-*.jar >/dev/null 2>&1 || [ ! "$out/.stamp" 
   mvn -q -B -s infra/maven-settings.xml -f infra/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/$out" -DincludeScope=runtime
   touch "$out/.stamp"
 fi
-if [ ! "$out/cdclake-delta-writer.jar" -nt "$helper" ] || [ ! "$out/cdclake-delta-writer.jar" -nt "$out/.stamp" ]; then
+if [ ! "$out/cdclake-delta-writer.jar" -nt "$out/.stamp" ] || [ -n "$(find "$helpers" -name '*.java' -newer "$out/cdclake-delta-writer.jar")" ]; then
   # against the Iceberg runtime above and PySpark's own Spark jars (in .venv before this runs)
   spark_jars="$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
   classes="$(mktemp -d)"
-  javac -nowarn --release 17 -d "$classes" -cp "$(ls "$out"/iceberg-spark-runtime-*.jar):$spark_jars/*" "$helper"
+  javac -nowarn --release 17 -d "$classes" -cp "$(ls "$out"/iceberg-spark-runtime-*.jar):$spark_jars/*" "$helpers"/*.java
   jar cf "$out/cdclake-delta-writer.jar" -C "$classes" .
   rm -rf "$classes"
 fi

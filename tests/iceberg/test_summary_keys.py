@@ -23,6 +23,7 @@ NOT_SUMMARY_KEYS = {
     ("connector/core/records.py", "cdclake.source-error"),  # SOURCE_ERROR_HEADER, a Kafka header
     ("connector/demo.py", "cdclake.toml"),  # the demo's configuration file
     ("connector/sources/file.py", "cdclake.file."),  # a file source's stream name
+    ("iceberg/spark.py", "cdclake.LocalFileIO"),  # a Java class (infra/delta-writer)
 }
 
 
