@@ -62,6 +62,19 @@ class Catalog(SqlCatalog):
     def lease_engine(self) -> Engine:
         return self.engine
 
+    def table_exists(self, identifier: str | tuple[str, ...]) -> bool:
+        """Whether the catalog has a row for the table (pyiceberg's loads and parses its metadata)."""
+        namespace = self.namespace_to_string(self.namespace_from(identifier))
+        with Session(self.engine) as session:
+            row = session.execute(
+                select(IcebergTables.table_name).where(
+                    IcebergTables.catalog_name == self.name,
+                    IcebergTables.table_namespace == namespace,
+                    IcebergTables.table_name == self.table_name_from(identifier),
+                )
+            ).first()
+        return row is not None
+
     def load_table(self, identifier):  # type: ignore[no-untyped-def]
         try:
             return super().load_table(identifier)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
-from functools import reduce
+from functools import cached_property, reduce
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -209,6 +209,12 @@ class Round:
         self.ranges = [stats[r.stream] for r in self.report.ranges]
         self.step("plan")
 
+    @cached_property
+    def dirty(self) -> DataFrame:
+        """The round's dirty events, in the log (a round read together with others needs them
+        only to refuse events: `evolve_schema`)."""
+        return self.spark.table(self.names.spark(self.names.log)).where(range_filter(self.report.ranges))
+
     def record_seen(self) -> None:
         """A round with nothing due records the log's snapshot it planned against and what it
         left dirty (`quiet.seen_entries`)."""
@@ -222,7 +228,6 @@ class Round:
         """2a. The dirty events; those older than the table's truncate marker arrive too late
         (stale, never candidates); the round's own newest truncate."""
         ordering = self.policy.ordering
-        self.dirty = self.spark.table(self.names.spark(self.names.log)).where(range_filter(self.report.ranges))
         self.small = self.report.events <= self.policy.small_round
         self.events = winners.log_candidates(self.dirty, payload=self.small)
         marker = self.marker

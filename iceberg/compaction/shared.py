@@ -46,8 +46,17 @@ def _table() -> Column:
     return F.substring_index(F.col("_key"), "/", 1).cast("int")
 
 
-def _prefixed(i: int) -> Column:
-    return F.concat(F.lit(f"{i}/"), F.col("_key"))
+def _prefixed(i: int, column: str = "_key") -> Column:
+    return F.concat(F.lit(f"{i}/"), F.col(column))
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    """The rows of `frames` (the same columns, in the same order), unioned in a balanced tree:
+    the analysis of each union walks the plan under it, so a chain of n unions walks O(n^2)
+    nodes (the optimizer makes either one union of n)."""
+    while len(frames) > 1:
+        frames = [reduce(DataFrame.union, frames[i : i + 2]) for i in range(0, len(frames), 2)]
+    return frames[0]
 
 
 def _unprefixed() -> Column:
@@ -77,12 +86,11 @@ class Share:
 
     def frame(self, session: SparkSession, view: str) -> DataFrame:
         rows = session.table(f"global_temp.{view}").where(F.col("_table") == self.index)
-        return rows.withColumn("_key", _unprefixed()).drop("_table")
+        return rows.select(*[_unprefixed().alias(c) if c == "_key" else c for c in rows.columns if c != "_table"])
 
     def give(self, r: Round, session: SparkSession) -> None:
         """Sets what `Round.read` would on `r`, as frames of `session` (its round's own)."""
         r.spark = session
-        r.dirty = session.table(r.names.spark(r.names.log)).where(range_filter(r.report.ranges))
         r.changes, r.carried = self.frame(session, self.changes), True  # with the rows their keys held
         if self.stale is not None and self.reasons:
             r.note_stale(self.reasons, self.frame(session, self.stale))
@@ -97,21 +105,20 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
     events, held = [], []
     for i, r in enumerate(rounds):
         dirty = spark.table(r.names.spark(r.names.log)).where(range_filter(r.report.ranges))
-        events.append(winners.log_candidates(dirty, payload=True).withColumn("_key", _prefixed(i)))
+        events.append(winners.log_candidates(dirty, payload=True, key=_prefixed(i, "key")))
         for name, op in ((r.names.state, None), (r.names.tombstones, "d")):
             if name in r.holding:
-                rows = winners.held(spark.table(r.names.spark(name)), op, at=True)
-                held.append(rows.withColumn("_key", _prefixed(i)))
+                held.append(winners.held(spark.table(r.names.spark(name)), op, at=True, key=_prefixed(i)))
     # the logs read once; the held tables' rows for the round's keys in one semi-join
     # one task per core: the union of the tables' scans is otherwise a task or more per table
     tasks = spark.sparkContext.defaultParallelism
-    candidates = reduce(DataFrame.unionByName, events).coalesce(tasks).localCheckpoint(eager=True)
+    candidates = _union(events).coalesce(tasks).localCheckpoint(eager=True)
     held_rows = None
     if held:
         wanted = candidates.select("_key")
         many = sum(r.report.events for r in rounds) > BROADCAST_ROUND
         held_rows = (
-            reduce(DataFrame.unionByName, held)
+            _union(held)
             .join(wanted.distinct() if many else F.broadcast(wanted), "_key", "left_semi")
             .coalesce(tasks)
             .localCheckpoint(eager=True)

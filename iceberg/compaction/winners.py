@@ -11,7 +11,6 @@ from pyspark.sql import functions as F
 
 from connector.core.ordering import Ordering, Truncate
 from iceberg.compaction import dedupe
-from iceberg.layouts import META_COLUMNS
 
 BROADCAST_WINNERS = 2_000_000  # winner ids (~50 bytes each) sent to every task to fetch their payload
 
@@ -25,11 +24,11 @@ _LOG_NAMES = {"_partition_id": "partition", "_source_ts": "source_ts_ms"}
 ORDER_COLUMNS = ["_key", "_partition_id", "_sequence_number", "_snapshot", "_source_position", "_held"]
 
 
-def log_candidates(dirty: DataFrame, payload: bool = False) -> DataFrame:
+def log_candidates(dirty: DataFrame, payload: bool = False, key: Column | None = None) -> DataFrame:
     """The dirty events as candidates; without `payload`, `_after` and `_after_types` null
-    until `with_payload`."""
+    until `with_payload`; `key`: their `_key` (default the event's)."""
     return dirty.where(F.col("op") != "t").select(
-        F.col("key").alias("_key"),
+        (F.col("key") if key is None else key).alias("_key"),
         F.col("topic").alias("_topic"),
         F.col("partition").alias("_partition_id"),
         F.col("offset").alias("_offset"),
@@ -170,17 +169,20 @@ def newest(
     return winners.unionByName(settled), ranked, counts["n"], stale
 
 
-def held(table: DataFrame, op: str | None, at: bool = False) -> DataFrame:
+def held(table: DataFrame, op: str | None, at: bool = False, key: Column | None = None) -> DataFrame:
     """A state or tombstone table's rows (`op` 'd' for the tombstones) as candidates; `at`, with
     where each row is (`_at`: its data file and position, Iceberg's `_file` and `_pos`), so
-    that a round can remove it without a MERGE (`writes.commit_delta`). `table` must be the
-    table itself, not a frame over it (its metadata columns are the table's)."""
-    cols = [F.col(n) for n, _ in META_COLUMNS if n != "_op"]
+    that a round can remove it without a MERGE (`writes.commit_delta`); `key`: their `_key`
+    (default the row's). `table` must be the table itself, not a frame over it (its metadata
+    columns are the table's). One projection: each is an analysis of the plan in the driver."""
+    given = {
+        "_key": F.col("_key") if key is None else key,
+        "_op": F.lit(op) if op else F.col("_op"),
+        "_after": F.lit(None).cast("string"),
+        "_after_types": F.lit(None).cast("string"),
+        "_held": F.lit(True),
+    }
     return table.select(
-        *cols,
-        (F.lit(op) if op else F.col("_op")).alias("_op"),
-        F.lit(None).cast("string").alias("_after"),
-        F.lit(None).cast("string").alias("_after_types"),
-        F.lit(True).alias("_held"),
+        *[given.get(c, F.col(c)).alias(c) for c in dedupe.CANDIDATE_COLUMNS],
         *([F.struct("_file", "_pos").alias("_at")] if at else []),
-    ).select(*dedupe.CANDIDATE_COLUMNS, *(["_at"] if at else []))
+    )

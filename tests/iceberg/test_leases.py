@@ -3,14 +3,12 @@ role, taken over only when it ran out or its process is gone."""
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
-from sqlalchemy import make_url
 
 from iceberg.catalog import load_catalog
 from iceberg.leases import LEASES, LeaseHeldError, LeaseLostError, acquire
@@ -27,30 +25,6 @@ def test_a_held_lease_stops_a_second_holder_with_one_line_naming_the_table_and_t
     first.release()
     acquire(catalog, "ns.orders", "compaction").release()
     other.release()
-
-
-def test_a_reader_in_an_open_transaction_does_not_hold_up_a_writer_of_the_sqlite_catalog(settings):
-    """The SQLite catalog is in write-ahead-log mode: a lease taken (a write) while another
-    connection reads in an open transaction goes through at once, where SQLite's default mode
-    makes the writer wait for the reader (here up to the 5 s busy timeout, then `database is
-    locked`); the reader keeps seeing the catalog as its transaction began."""
-    catalog = load_catalog(settings)
-    reader = sqlite3.connect(str(make_url(settings.catalog_uri).database), isolation_level=None)
-    try:
-        assert reader.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        acquire(catalog, "ns.before", "compaction").release()  # the leases' table made
-        held = "SELECT count(*) FROM cdclake_leases WHERE table_name = 'ns.read-while-written'"
-        reader.execute("BEGIN")
-        assert reader.execute(held).fetchone()[0] == 0
-        started = time.monotonic()
-        lease = acquire(catalog, "ns.read-while-written", "compaction")
-        assert time.monotonic() - started < 1
-        assert reader.execute(held).fetchone()[0] == 0
-        reader.execute("COMMIT")
-        assert reader.execute(held).fetchone()[0] == 1
-        lease.release()
-    finally:
-        reader.close()
 
 
 def test_wait_takes_the_lease_once_its_holder_releases_it(settings):
