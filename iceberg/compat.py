@@ -268,6 +268,13 @@ def on_driver(frame: DataFrame) -> DataFrame:
     return Frame(spark._jsparkSession.createDataFrame(rows, frame._jdf.schema()), spark)
 
 
+# -- Spark: settings
+
+# A session's queries compiled to no code: no whole-stage code generation (a public setting),
+# and every expression, projection and ordering interpreted (`factoryMode`, internal to Spark).
+NO_CODEGEN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
 def raised_in_python_worker(e: BaseException, module: str) -> tuple[str, str] | None:
     """(class name, message) of an exception of `module` that a Spark Python worker raised,
     out of the Spark error that carries it on the driver; else None. It arrives as text only

@@ -158,31 +158,39 @@ def _ship_code(spark: SparkSession, settings: Settings) -> None:
     _SHIPPED.add(id(sc))
 
 
-_FREE_SESSIONS: list[SparkSession] = []
+_FREE_SESSIONS: dict[bool, list[SparkSession]] = {False: [], True: []}  # by `small`
 _SESSIONS_LOCK = threading.Lock()
 _HELD: dict[int, dict[str, str]] = {}  # per kept session (by id): the settings it holds
 
 
 @contextmanager
-def round_session(spark: SparkSession, own: bool, conf: dict[str, str] | None = None) -> Iterator[SparkSession]:
+def round_session(
+    spark: SparkSession, own: bool, conf: dict[str, str] | None = None, small: bool = False
+) -> Iterator[SparkSession]:
     """The session a compaction round runs in: with `own`, one no other running round uses
     (its temp views and snapshot properties are its own; it takes the SQL settings of
     `spark` set since, or `conf`, those settings as the caller read them: each read is a
     call to the JVM per setting), with its jobs in a fair-scheduler pool of the thread's
-    name. Sessions are kept for the next rounds (each holds its catalog's connections)."""
-    if not own:
+    name. Sessions are kept for the next rounds (each holds its catalog's connections).
+    With `small` (a shared read and the rounds it read, always in a session of their own),
+    the session compiles no code for its queries (`compat.NO_CODEGEN`): their rows are few,
+    and compiling each query's code cost more than it saved (docs/performance.md)."""
+    from iceberg import compat
+
+    if not own and not small:
         yield spark
         return
     with _SESSIONS_LOCK:
-        mine = [x for x in _FREE_SESSIONS if x.sparkContext is spark.sparkContext]
+        mine = [x for x in _FREE_SESSIONS[small] if x.sparkContext is spark.sparkContext]
         session = mine[0] if mine else None
         if session is not None:
-            _FREE_SESSIONS.remove(session)
+            _FREE_SESSIONS[small].remove(session)
     if session is None:
         session = spark.newSession()
         _HELD[id(session)] = session.conf.getAll  # not `SET`, whose values of secret keys are redacted
     held = _HELD[id(session)]
-    for k, v in (spark.conf.getAll if conf is None else conf).items():
+    wanted = (spark.conf.getAll if conf is None else conf) | (compat.NO_CODEGEN if small else {})
+    for k, v in wanted.items():
         if held.get(k) != v:
             session.conf.set(k, v)
             held[k] = v
@@ -193,4 +201,4 @@ def round_session(spark: SparkSession, own: bool, conf: dict[str, str] | None = 
     finally:
         sc.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
         with _SESSIONS_LOCK:
-            _FREE_SESSIONS.append(session)
+            _FREE_SESSIONS[small].append(session)

@@ -212,7 +212,7 @@ def compact_tables(
 
     def finish(r: Round, share: Share | None) -> CompactionReport:
         try:
-            with round_session(spark, own, conf) as session:
+            with round_session(spark, own, conf, small=share is not None) as session:
                 r.spark = session
                 if share is not None:
                     share.give(r, session)
@@ -240,7 +240,8 @@ def compact_tables(
                 for start in range(0, len(group), GROUP_TABLES) if len(group) > 1 else ():
                     chunk = group[start : start + GROUP_TABLES]
                     try:
-                        shares |= read_together(spark, chunk, uuid.uuid4().hex[:12])
+                        with round_session(spark, own, conf, small=True) as session:
+                            shares |= read_together(session, chunk, uuid.uuid4().hex[:12])
                     except Exception as e:  # noqa: BLE001 - each of its rounds reads alone, and fails alone
                         why = f"{type(e).__name__}: {e}"
                         log.warning("shared read of %d rounds failed (%s): each reads alone", len(chunk), why)

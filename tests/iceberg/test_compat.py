@@ -314,3 +314,32 @@ def test_the_jvm_started_with_its_output_redirected_is_the_one_spark_uses(spark,
         done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "from the jvm" in log.read_text(), "the JVM's output did not go where it was sent"
+
+
+@pytest.mark.spark
+def test_a_shared_reads_session_compiles_no_code_for_its_queries(spark):
+    """`compat.NO_CODEGEN` in the sessions `round_session(small=True)` gives, told by Spark's
+    own count of compilations (`CodegenMetrics`, through the JVM); a round's other session
+    compiles its query. `factoryMode` is internal to Spark: it exists with its options."""
+    from pyspark.sql import functions as F
+
+    from iceberg.spark import round_session
+
+    jvm = spark.sparkContext._jvm
+    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+    def compiled(session, n: int) -> int:  # `n` new to each query: no compiled class fits it
+        before = compilations.getCount()
+        rows = session.range(100).selectExpr(f"id * {n} AS x").where(f"x % 7 = {n % 7}")
+        assert rows.groupBy(F.col("x") % 3).count().count() >= 1
+        return compilations.getCount() - before
+
+    with contract("the setting spark.sql.codegen.factoryMode", "pyspark"):
+        with round_session(spark, own=True, small=True) as small:
+            compiled(small, 1_000_003)  # its first query may compile what every query shares
+            assert compiled(small, 1_000_033) == 0
+            with pytest.raises(Exception, match="NO_CODEGEN"):
+                small.conf.set("spark.sql.codegen.factoryMode", "EVERY_OTHER")
+    with round_session(spark, own=True) as other:
+        assert other is not small
+        assert compiled(other, 1_000_037) > 0
