@@ -256,6 +256,16 @@ def delta_commit(
     jvm.cdclake.DeltaWriter.commit(spark._jsparkSession, table, rows._jdf, held._jdf, dict(properties), base, *pairs)
 
 
+def create_tables(spark: SparkSession, catalog: str, columns: Mapping[str, str], properties: Mapping[str, str]) -> None:
+    """`cdclake.Tables.create` (infra/delta-writer) in the driver's JVM: each table of
+    `columns` (`namespace.table`: its columns as DDL) that `catalog` lacks, created with
+    `properties`, as `CREATE TABLE IF NOT EXISTS` would (PySpark's py4j handles)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    tables = [x for item in columns.items() for x in item]
+    jvm.cdclake.Tables.create(spark._jsparkSession, catalog, tables, dict(properties))
+
+
 def on_driver(frame: DataFrame) -> DataFrame:
     """`frame`'s rows collected into the driver's JVM (one job) and a frame over them there: a
     local relation, whose filters and projections Spark's optimizer applies to the rows

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
+from iceberg import compat
 from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
 
 log = logging.getLogger(__name__)
@@ -17,10 +18,12 @@ META_NAMES = {name for name, _ in META_COLUMNS}
 WIDENINGS = {("int", "bigint"), ("float", "double")}
 # Format 3: a MERGE's deletes are one deletion vector per data file, merged with the file's
 # earlier ones, where format 2 adds a position-delete file per round that later reads apply
-TABLE_PROPERTIES = (
-    "'format-version'='3', 'write.delete.mode'='merge-on-read', "
-    "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read'"
-)
+TABLE_PROPERTIES = {
+    "format-version": "3",
+    "write.delete.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.merge.mode": "merge-on-read",
+}
 
 
 @dataclass(frozen=True)
@@ -108,13 +111,13 @@ def existing_columns(spark: SparkSession, table: str) -> dict[str, str]:
 
 
 def ensure_tables(spark: SparkSession, names: TableNames) -> None:
+    """The state, tombstones and stale events tables, each created where it does not exist
+    (`CREATE TABLE IF NOT EXISTS`, through Spark's catalog API: `compat.create_tables`)."""
     meta = ", ".join(f"{quote(n)} {t}" for n, t in META_COLUMNS)
     extra = ", ".join(f"{quote(n)} {t}" for n, t in TOMBSTONE_EXTRA)
     stale = ", ".join(f"{quote(n)} {t}" for n, t in STALE_COLUMNS)
-    for name, cols in ((names.state, meta), (names.tombstones, f"{meta}, {extra}"), (names.stale, stale)):
-        spark.sql(
-            f"CREATE TABLE IF NOT EXISTS {names.spark(name)} ({cols}) USING iceberg TBLPROPERTIES ({TABLE_PROPERTIES})"
-        )
+    columns = {names.state: meta, names.tombstones: f"{meta}, {extra}", names.stale: stale}
+    compat.create_tables(spark, names.catalog, columns, TABLE_PROPERTIES)
 
 
 def evolve(spark: SparkSession, names: TableNames, plan: ColumnPlan) -> None:

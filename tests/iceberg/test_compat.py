@@ -343,3 +343,33 @@ def test_a_shared_reads_session_compiles_no_code_for_its_queries(spark):
     with round_session(spark, own=True) as other:
         assert other is not small
         assert compiled(other, 1_000_037) > 0
+
+
+@pytest.mark.spark
+def test_tables_made_through_sparks_catalog_api_are_the_ones_create_table_makes(spark, settings):
+    """`compat.create_tables` against Spark's own `CREATE TABLE IF NOT EXISTS`: the same
+    columns (names, types, field ids, nullability) and properties; a table that exists is left
+    as it is, rows and all."""
+    from iceberg.catalog import load_catalog
+
+    ns, columns = settings.catalog.namespace, "`_key` string, `v.w` bigint not null, `at` timestamp"
+    properties = {"format-version": "3", "write.merge.mode": "merge-on-read"}
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{ns}")
+    spark.sql(
+        f"CREATE TABLE {settings.catalog.name}.{ns}.by_sql ({columns}) USING iceberg "
+        "TBLPROPERTIES ('format-version'='3', 'write.merge.mode'='merge-on-read')"
+    )
+    spark.sql(f"INSERT INTO {settings.catalog.name}.{ns}.by_sql VALUES ('a', 1, null)")
+    with contract("SparkSession._jsparkSession, SparkContext._jvm", "pyspark"):
+        made = {f"{ns}.by_api": columns, f"{ns}.by_sql": "x int"}
+        compat.create_tables(spark, settings.catalog.name, made, properties)
+    catalog = load_catalog(settings)
+    by_sql, by_api = catalog.load_table(f"{ns}.by_sql"), catalog.load_table(f"{ns}.by_api")
+    assert by_api.schema() == by_sql.schema()
+    assert [f.required for f in by_api.schema().fields] == [False, True, False]
+    assert by_api.format_version == by_sql.format_version == 3
+    assert {k: v for k, v in by_api.properties.items() if k != "owner"} == {
+        k: v for k, v in by_sql.properties.items() if k != "owner"
+    }
+    assert by_api.current_snapshot() is None
+    assert by_sql.scan().to_arrow().num_rows == 1  # left as it was
