@@ -17,7 +17,7 @@
 7. `purge` expired tombstones; `trim_log`: log and dead-letter rows past the log retention
    that no key needs (below the cleaner point, not a winner, not a truncate); 8.
    `maintain`: rewrite small files (the log's manifests) and expire old snapshots when due
-   (`iceberg.maintenance`).
+   (`iceberg.maintenance`). Steps 5 - 8 are in `iceberg.compaction.commits`.
 
 Atomicity: the cleaner points live in the state table's snapshot. A crash after step 5
 replays the same dirty range on the next run; replaying it over the already-written
@@ -30,49 +30,23 @@ import logging
 import time
 from datetime import UTC, datetime
 from functools import cached_property, reduce
-from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from connector.core.faults import crash_point
-from connector.core.ordering import Truncate, newest_truncate
+from connector.core.ordering import newest_truncate
 from iceberg import leases
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
+from iceberg.compaction.commits import RoundCommits
 from iceberg.compaction.policy import CompactionPolicy, plan
-from iceberg.compaction.quiet import left_dirty, seen_entries, upkeep
-from iceberg.compaction.report import (
-    CompactionReport,
-    Steps,
-    holds_rows,
-    may_expire,
-    range_filter,
-    round_truncates,
-)
-from iceberg.compaction.retain import purge_predicate
-from iceberg.compaction.retention import trim
-from iceberg.compaction.stats import (
-    cleaner_points,
-    held_bytes,
-    load_optional,
-    stream_stats,
-    sum_streams,
-)
-from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA, TableNames
-from iceberg.maintenance import maintain
-from iceberg.summary_keys import (
-    CLEANER_POINTS,
-    DIRTY,
-    LOG_SEEN,
-    ORDERING,
-    ROUND_RANGES,
-    STALE_REASONS,
-    STREAM_BYTES,
-    TRUNCATE,
-)
-from quotas.metrics import STALE, compacted_up_to
+from iceberg.compaction.quiet import left_dirty, seen_entries
+from iceberg.compaction.report import CompactionReport, holds_rows, range_filter, round_truncates
+from iceberg.compaction.stats import held_bytes, load_optional, stream_stats, sum_streams
+from iceberg.layouts import TableNames
+from iceberg.summary_keys import TRUNCATE
+from quotas.metrics import STALE
 
 log = logging.getLogger(__name__)
 # A round holding at most this many rows for its keys names them in its MERGEs (each key a
@@ -104,48 +78,10 @@ def compact(
         lease.release()
 
 
-class Round:
+class Round(RoundCommits):
     """One compaction round of one source table. `run` is the module docstring's steps in
-    order; each step is a method, and what a step finds is kept on the round for the next."""
-
-    def __init__(
-        self,
-        spark: SparkSession,
-        catalog: Catalog,
-        names: TableNames,
-        policy: CompactionPolicy,
-        now: datetime,
-        lease: leases.Lease | None = None,
-    ):
-        self.spark, self.catalog, self.names, self.policy, self.now = spark, catalog, names, policy, now
-        self.report = CompactionReport(names.table)
-        self.step = Steps(names.state, lease)
-        self.truncates: list[Truncate] = []  # the round's own truncates newer than the marker, oldest first
-        self.truncate: Truncate | None = None  # the newest of them
-        self.table_truncate: Truncate | None = None  # the marker after the round
-        self.late: DataFrame | None = None  # changes older than the marker: stale
-        # Of the state and tombstones, those holding rows, and the table's truncate marker, as
-        # the plan found them (only the round, which holds the lease, writes them until it ends)
-        self.holding: list[str] = []
-        self.marker: Truncate | None = None
-        self.held_rows: DataFrame | None = None
-        self.held_bounds: dict[str, Any] = {}
-        # per table with rows, the keys it holds among the round's (None: not collected, its
-        # MERGE joins the whole table; a table not here holds none)
-        self.held_keys: dict[str, list[str] | None] = {}
-        self.ranked: DataFrame | None = None
-        self.stale_rows: DataFrame | None = None
-        self.columns = schema.ColumnPlan({})  # the state's columns after the round, and what it changes
-        self.bytes: dict[str, dict[str, int]] = {}  # per table (state, tombstones): bytes per stream
-        # the log's snapshot the plan read, where the round leaves no event of it dirty
-        self.log_seen: int | None = None
-        # per table ('s', 't') and stream: the bytes the changes add (`writes.bytes_delta`)
-        self.delta: dict[str, dict[str, int]] | None = None
-        # the changes carry the rows their keys held, with where they are (`read_dirty`): the
-        # round writes by `writes.commit_delta`, not by MERGE
-        self.carried = False
-        # per table (state, tombstones), the snapshot the plan found (None: none yet)
-        self.based: dict[str, int | None] = {}
+    order; each step is a method, and what a step finds is kept on the round for the next
+    (the writes and the upkeep, 5 - 8, in `iceberg.compaction.commits`)."""
 
     def run(self, force: bool) -> CompactionReport:
         self.begin(force)
@@ -411,121 +347,3 @@ class Round:
             self.delta = delta.get((), {})
         for t, name in (("s", self.names.state), ("t", self.names.tombstones)):
             self.bytes[name] = sum_streams(self.bytes[name], self.delta.get(t, {}))
-
-    def recorded(self, name: str) -> dict[str, str]:
-        """The snapshot property recording the bytes per stream `name` holds."""
-        return STREAM_BYTES.entry({s: b for s, b in self.bytes[name].items() if b})
-
-    def write_tombstones(self) -> None:
-        """5. The tombstones: a delete's own, removed for a key written or truncated (nothing
-        to write in a round without deletes whose keys hold no tombstone)."""
-        tombstones = self.names.tombstones
-        held = self.held_keys.get(tombstones, [])
-        if self.report.deletes or held != []:
-            retention = F.expr(f"INTERVAL {int(self.policy.tombstone_retention.total_seconds())} SECONDS")
-            source = writes.tombstone_source(self.changes, self.now, retention)
-            if self.carried:
-                self.commit_delta(tombstones, "_held_t", source, "delete", self.recorded(tombstones))
-            else:
-                source.createOrReplaceTempView("cdclake_tomb_changes")
-                columns = [n for n, _ in META_COLUMNS + TOMBSTONE_EXTRA]
-                sql = writes.write_sql(self.names.spark(tombstones), "cdclake_tomb_changes", columns, "delete", held)
-                writes.write(self.spark, self.catalog, tombstones, sql, self.recorded(tombstones))
-            self.step("write tombstones")
-        crash_point("compact.after-tombstones")
-
-    def write_stale(self) -> None:
-        """The stale events into `<t>__stale` (idempotent: a replayed round finds them there)."""
-        if self.stale_rows is None:
-            return
-        self.stale_rows.createOrReplaceTempView("cdclake_stale")
-        target = self.names.spark(self.names.stale)
-        writes.insert_missing(self.spark, target, "cdclake_stale", ["_topic", "_partition_id", "_sequence_number"])
-        self.step("stale events")
-
-    def write_state(self) -> None:
-        """6. The state, with the cleaner points, the truncate marker and the round's figures
-        in the same snapshot."""
-        catalog, names, report = self.catalog, self.names, self.report
-        source = writes.state_source(self.changes, self.columns.columns)
-        points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
-        props = {
-            **CLEANER_POINTS.entry(points),
-            **ROUND_RANGES.entry(report.summary()["ranges"]),
-            **STALE_REASONS.entry(report.stale_reasons),
-            **ORDERING.entry(self.policy.ordering),
-            **(LOG_SEEN.entry(self.log_seen) if self.log_seen is not None else {}),
-            **DIRTY.entry(self.dirty_left),
-            **(TRUNCATE.entry(self.table_truncate) if self.table_truncate else {}),
-            **self.recorded(names.state),
-        }
-        if self.carried:  # all stale: the properties alone
-            self.commit_delta(names.state, "_held_s", source, "upsert", props, self.columns)
-        else:
-            source.createOrReplaceTempView("cdclake_changes")
-            meta = [n for n, _ in META_COLUMNS]
-            sql = writes.write_sql(
-                names.spark(names.state),
-                "cdclake_changes",
-                meta + list(self.columns.columns),
-                "upsert",
-                self.held_keys.get(names.state, []),
-            )
-            writes.write(self.spark, catalog, names.state, sql, props)  # every event stale: the properties alone
-        newest = [r.last_cleanable_time for r in self.ranges if r.last_cleanable_time is not None]
-        if newest:
-            compacted_up_to(names.table, max(newest))
-        self.step("write state")
-        crash_point("compact.after-commit")
-
-    def commit_delta(
-        self,
-        name: str,
-        column: str,
-        source: DataFrame,
-        keep: str,
-        properties: dict[str, str],
-        columns: schema.ColumnPlan | None = None,
-    ) -> None:
-        """What a MERGE of `source` into table `name` writes, where the changes carry the rows
-        their keys held and where those are (`column` of `dedupe.HELD_COLUMNS`): the rows whose
-        `_action` is `keep` added, every row a changed key held in `name` removed by its
-        position, in one commit (with the `columns` plan's column changes)."""
-        held = self.changes.where(F.col(column).isNotNull()).select(f"{column}._at._file", f"{column}._at._pos")
-        rows = source.where(F.col("_action") == keep)
-        writes.commit_delta(self.names.spark(name), rows, held, properties, self.based.get(name), columns)
-
-    def purge(self) -> None:
-        """7. Purge expired tombstones (idempotent, its own commit)."""
-        tombstones = self.names.spark(self.names.tombstones)
-        purge = purge_predicate(self.now)
-        if not may_expire(self.catalog, self.names.tombstones, self.now):
-            self.step("purge")
-            return
-        gone = (
-            self.spark.table(tombstones)
-            .where(purge)
-            .groupBy("_topic", "_partition_id")
-            .agg(F.count(F.lit(1)), F.sum("_payload_bytes"))
-            .collect()
-        )
-        self.report.purged = sum(n for _, _, n, _ in gone)
-        if self.report.purged:
-            name = self.names.tombstones
-            self.bytes[name] = sum_streams(self.bytes[name], {f"{t}:{p}": -(b or 0) for t, p, _, b in gone})
-            writes.write(self.spark, self.catalog, name, f"DELETE FROM {tombstones} WHERE {purge}", self.recorded(name))
-        self.step("purge")
-
-    def trim_log(self) -> None:
-        """7b. Log retention (`iceberg.compaction.retention`)."""
-        if self.policy.log_retention is not None:
-            self.report.trimmed = trim(self.spark, self.catalog, self.names, self.now - self.policy.log_retention)
-            self.step("log retention")
-
-    def maintain(self) -> None:
-        """8. Small files, deleted rows and the log's manifests rewritten, old snapshots expired."""
-        names = self.names
-        self.report.maintenance = maintain(
-            self.spark, self.catalog, names.catalog, upkeep(self.catalog, names), self.policy.maintenance
-        )
-        self.step("maintenance")
