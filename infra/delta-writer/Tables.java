@@ -16,7 +16,8 @@ import scala.Option;
 
 /**
  * Tables created through Spark's catalog API: what {@code CREATE TABLE IF NOT EXISTS} does,
- * without a statement to parse, analyse and plan (half of a small table's creation).
+ * without a statement to parse, analyse and plan (most of the statement's cost for a small
+ * table: docs/performance.md).
  * iceberg/compaction/schema.py calls it.
  */
 public final class Tables {
@@ -35,7 +36,8 @@ public final class Tables {
     Option<SparkSession> active = SparkSession.getActiveSession();
     SparkSession.setActiveSession(spark);
     try {
-      create((TableCatalog) spark.sessionState().catalogManager().catalog(catalog), tables, properties);
+      TableCatalog target = (TableCatalog) spark.sessionState().catalogManager().catalog(catalog);
+      create(target, tables, properties);
     } finally {
       if (active.isDefined()) {
         SparkSession.setActiveSession(active.get());
@@ -45,11 +47,12 @@ public final class Tables {
     }
   }
 
-  private static void create(TableCatalog target, List<String> tables, Map<String, String> properties)
-      throws Exception {
+  private static void create(
+      TableCatalog target, List<String> tables, Map<String, String> properties) throws Exception {
     for (int i = 0; i < tables.size(); i += 2) {
       String[] parts = tables.get(i).split("\\.");
-      Identifier id = Identifier.of(Arrays.copyOf(parts, parts.length - 1), parts[parts.length - 1]);
+      String name = parts[parts.length - 1];
+      Identifier id = Identifier.of(Arrays.copyOf(parts, parts.length - 1), name);
       if (target.tableExists(id)) {
         continue;
       }
@@ -59,8 +62,13 @@ public final class Tables {
         columns[f] = Column.create(fields[f].name(), fields[f].dataType(), fields[f].nullable());
       }
       try {
-        target.createTable(
-            id, new TableInfo.Builder().withColumns(columns).withPartitions(new Transform[0]).withProperties(properties).build());
+        TableInfo table =
+            new TableInfo.Builder()
+                .withColumns(columns)
+                .withPartitions(new Transform[0])
+                .withProperties(properties)
+                .build();
+        target.createTable(id, table);
       } catch (TableAlreadyExistsException e) {
         // another writer created it meanwhile: as IF NOT EXISTS
       }
