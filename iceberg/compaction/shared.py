@@ -39,6 +39,7 @@ from iceberg.layouts import TableNames
 
 log = logging.getLogger("iceberg.compaction.job")
 GROUP_TABLES = 50  # rounds read in one shared job at most
+FRAME_THREADS = 4  # the shared read builds its tables' frames this many at once
 
 
 def _table() -> Column:
@@ -102,13 +103,21 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
     views, named after `tag`, that hold them."""
     started = time.monotonic()
     ordering = rounds[0].policy.ordering
-    events, held = [], []
-    for i, r in enumerate(rounds):
+
+    def frames(i: int, r: Round) -> tuple[DataFrame, list[DataFrame]]:
+        """The round's dirty events and the rows its tables hold (each frame analysed in the
+        driver's JVM as it is built; py4j lets the threads wait for it in parallel)."""
         dirty = spark.table(r.names.spark(r.names.log)).where(range_filter(r.report.ranges))
-        events.append(winners.log_candidates(dirty, payload=True, key=_prefixed(i, "key")))
-        for name, op in ((r.names.state, None), (r.names.tombstones, "d")):
-            if name in r.holding:
-                held.append(winners.held(spark.table(r.names.spark(name)), op, at=True, key=_prefixed(i)))
+        rows = [
+            winners.held(spark.table(r.names.spark(name)), op, at=True, key=_prefixed(i))
+            for name, op in ((r.names.state, None), (r.names.tombstones, "d"))
+            if name in r.holding
+        ]
+        return winners.log_candidates(dirty, payload=True, key=_prefixed(i, "key")), rows
+
+    with ThreadPoolExecutor(FRAME_THREADS, thread_name_prefix="cdclake-frames") as pool:
+        built = list(pool.map(frames, range(len(rounds)), rounds))
+    events, held = [e for e, _ in built], [h for _, hs in built for h in hs]
     # the logs read once; the held tables' rows for the round's keys in one semi-join
     # one task per core: the union of the tables' scans is otherwise a task or more per table
     tasks = spark.sparkContext.defaultParallelism
