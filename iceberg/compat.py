@@ -237,45 +237,55 @@ def unpersist_rdds(spark: SparkSession, keep: set[int]) -> None:
             rdd.unpersist(False)
 
 
+def _helper(spark: SparkSession, name: str) -> Any:
+    """The class `cdclake.<name>` (infra/delta-writer) in the driver's JVM, looked up by its full
+    name: py4j's `jvm.cdclake.X` looks `cdclake` up as a class first, in every jar of the class
+    path and under each package PySpark imports (0.5 ms against 0.1 ms)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return getattr(jvm, f"cdclake.{name}")
+
+
 def delta_commit(
-    rows: DataFrame,
-    held: DataFrame,
+    changes: DataFrame,
     table: str,
+    keep: str,
+    held: str,
     properties: Mapping[str, str],
     base: int,
     add: Mapping[str, str],
     widen: Mapping[str, str],
 ) -> None:
-    """`cdclake.DeltaWriter.commit` (infra/delta-writer) in the driver's JVM, given the frames'
-    Java datasets and session (PySpark's py4j handles `_jdf`, `_jsparkSession`, `_jvm`); the
+    """`cdclake.DeltaWriter.commit` (infra/delta-writer) in the driver's JVM, given the frame's
+    Java dataset and session (PySpark's py4j handles `_jdf`, `_jsparkSession`, `_jvm`); the
     column changes as lists (name, type, ...): py4j makes a dict a map without order."""
-    spark = rows.sparkSession
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
+    spark = changes.sparkSession
     pairs = [[x for item in m.items() for x in item] for m in (add, widen)]
-    jvm.cdclake.DeltaWriter.commit(spark._jsparkSession, table, rows._jdf, held._jdf, dict(properties), base, *pairs)
+    writer = _helper(spark, "DeltaWriter")
+    writer.commit(spark._jsparkSession, table, changes._jdf, keep, held, dict(properties), base, *pairs)
 
 
 def create_tables(spark: SparkSession, catalog: str, columns: Mapping[str, str], properties: Mapping[str, str]) -> None:
     """`cdclake.Tables.create` (infra/delta-writer) in the driver's JVM: each table of
     `columns` (`namespace.table`: its columns as DDL) that `catalog` lacks, created with
     `properties`, as `CREATE TABLE IF NOT EXISTS` would (PySpark's py4j handles)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
     tables = [x for item in columns.items() for x in item]
-    jvm.cdclake.Tables.create(spark._jsparkSession, catalog, tables, dict(properties))
+    _helper(spark, "Tables").create(spark._jsparkSession, catalog, tables, dict(properties))
 
 
-def on_driver(frame: DataFrame) -> DataFrame:
-    """`frame`'s rows collected into the driver's JVM (one job) and a frame over them there: a
-    local relation, whose filters and projections Spark's optimizer applies to the rows
-    (`ConvertToLocalRelation`), so reading a part of it runs no job. Through PySpark's py4j
-    handles (`_jdf`, `_jsparkSession`); the rows never reach Python."""
+def in_parts(frame: DataFrame, column: str) -> Any:
+    """`cdclake.Parts.of` (infra/delta-writer): `frame`'s rows collected into the driver's JVM
+    (one job) in parts by the int `column`, each read back by `part` as a local relation of its
+    own rows (Spark's analysis walks every row a local relation holds). Through PySpark's py4j
+    handles (`_jdf`, `_jvm`); the rows never reach Python."""
+    return _helper(frame.sparkSession, "Parts").of(frame._jdf, column)
+
+
+def part(parts: Any, session: SparkSession, index: int) -> DataFrame:
+    """Part `index` of `in_parts`'s rows (without its column) as a frame of `session`."""
     from pyspark.sql import DataFrame as Frame
 
-    spark = frame.sparkSession
-    rows = frame._jdf.collectAsList()
-    return Frame(spark._jsparkSession.createDataFrame(rows, frame._jdf.schema()), spark)
+    return Frame(parts.part(session._jsparkSession, index), session)
 
 
 # -- Spark: settings

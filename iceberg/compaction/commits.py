@@ -161,12 +161,10 @@ class RoundCommits:
         columns: schema.ColumnPlan | None = None,
     ) -> None:
         """What a MERGE of `source` into table `name` writes, where the changes carry the rows
-        their keys held and where those are (`column` of `dedupe.HELD_COLUMNS`): the rows whose
-        `_action` is `keep` added, every row a changed key held in `name` removed by its
-        position, in one commit (with the `columns` plan's column changes)."""
-        held = self.changes.where(F.col(column).isNotNull()).select(f"{column}._at._file", f"{column}._at._pos")
-        rows = source.where(F.col("_action") == keep)
-        writes.commit_delta(self.names.spark(name), rows, held, properties, self.based.get(name), columns)
+        their keys held and where those are (`column` of `dedupe.HELD_COLUMNS`, in `source`):
+        the rows whose `_action` is `keep` added, every row a changed key held in `name`
+        removed by its position, in one commit (with the `columns` plan's column changes)."""
+        writes.commit_delta(self.names.spark(name), source, keep, column, properties, self.based.get(name), columns)
 
     def purge(self) -> None:
         """7. Purge expired tombstones (idempotent, its own commit)."""

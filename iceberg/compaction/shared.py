@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from functools import reduce
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -60,8 +60,9 @@ def _union(frames: list[DataFrame]) -> DataFrame:
     return frames[0]
 
 
-def _unprefixed() -> Column:
-    return F.expr("substr(_key, instr(_key, '/') + 1)")
+def _own_keys(rows: DataFrame) -> DataFrame:
+    """`rows` with each key as its table has it (without the table's index)."""
+    return rows.withColumn("_key", F.expr("substr(_key, instr(_key, '/') + 1)"))
 
 
 def shareable(r: Round) -> bool:
@@ -77,30 +78,26 @@ def shareable(r: Round) -> bool:
 
 @dataclass(frozen=True)
 class Share:
-    """A round's part of a shared read: its rows of the global temp views `changes` and
-    `stale` (the latter None without stale events), by its `index` in the group."""
+    """A round's part of a shared read: its rows of the changes and of the stale events (None
+    without stale events), held in the driver's JVM by table (`compat.in_parts`), by its
+    `index` in the group."""
 
-    changes: str
-    stale: str | None
+    changes: Any
+    stale: Any | None
     index: int
     reasons: dict[str, int]
-
-    def frame(self, session: SparkSession, view: str) -> DataFrame:
-        rows = session.table(f"global_temp.{view}").where(F.col("_table") == self.index)
-        return rows.select(*[_unprefixed().alias(c) if c == "_key" else c for c in rows.columns if c != "_table"])
 
     def give(self, r: Round, session: SparkSession) -> None:
         """Sets what `Round.read` would on `r`, as frames of `session` (its round's own)."""
         r.spark = session
-        r.changes, r.carried = self.frame(session, self.changes), True  # with the rows their keys held
+        r.changes, r.carried = compat.part(self.changes, session, self.index), True  # with the rows their keys held
         if self.stale is not None and self.reasons:
-            r.note_stale(self.reasons, self.frame(session, self.stale))
+            r.note_stale(self.reasons, compat.part(self.stale, session, self.index))
 
 
-def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[int, Share]:
+def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
     """Reads the planned `rounds` (all `shareable`, one ordering) in shared jobs and sets on each
-    what its own `read` would, but for its frames: per round (by `id`) its `Share` of the
-    views, named after `tag`, that hold them."""
+    what its own `read` would, but for its frames: per round (by `id`) its `Share` of the rows."""
     started = time.monotonic()
     ordering = rounds[0].policy.ordering
 
@@ -155,15 +152,14 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
     }
     delta = writes.bytes_delta(changes, None, broadcast=True, by=("_table",), carried=True)
     reasons: dict[int, dict[str, int]] = {}
-    changes_view, stale_view = f"cdclake_{tag}_changes", None
+    stale_parts = None
     if stale:
         rows = writes.stale_rows([ranked], rounds[0].now).withColumn("_table", _table()).localCheckpoint(eager=True)
         for i, reason, n in rows.groupBy("_table", "reason").count().collect():
             reasons.setdefault(i, {})[reason] = n
-        stale_view = f"cdclake_{tag}_stale"
-        rows.createOrReplaceGlobalTempView(stale_view)
+        stale_parts = compat.in_parts(_own_keys(rows), "_table")
     # held in the driver's JVM: each round's writes take their part with no Spark job
-    compat.on_driver(changes).createOrReplaceGlobalTempView(changes_view)
+    changes_parts = compat.in_parts(_own_keys(changes), "_table")
     shares = {}
     for i, r in enumerate(rounds):  # no Spark job from here: a failure above leaves every round as it was
         c = counts.get(i)
@@ -175,7 +171,7 @@ def read_together(spark: SparkSession, rounds: list[Round], tag: str) -> dict[in
         for name, (column, _) in zip((r.names.state, r.names.tombstones), dedupe.HELD_COLUMNS):
             named = [k.split("/", 1)[1] for k in (c[column] if c else [])]
             r.held_keys[name] = named if len(named) <= HELD_KEYS_MAX else None
-        shares[id(r)] = Share(changes_view, stale_view, i, reasons.get(i, {}))
+        shares[id(r)] = Share(changes_parts, stale_parts, i, reasons.get(i, {}))
     log.info(
         "shared read of %d tables' rounds (%s events) took %.2f s",
         len(rounds),
@@ -250,7 +246,7 @@ def compact_tables(
                     chunk = group[start : start + GROUP_TABLES]
                     try:
                         with round_session(spark, own, conf, small=True) as session:
-                            shares |= read_together(session, chunk, uuid.uuid4().hex[:12])
+                            shares |= read_together(session, chunk)
                     except Exception as e:  # noqa: BLE001 - each of its rounds reads alone, and fails alone
                         why = f"{type(e).__name__}: {e}"
                         log.warning("shared read of %d rounds failed (%s): each reads alone", len(chunk), why)
@@ -265,9 +261,6 @@ def compact_tables(
                 assert r.step.lease is not None
                 r.step.lease.release()
             raise
-        finally:
-            for view in {v for s in shares.values() for v in (s.changes, s.stale) if v}:
-                spark.catalog.dropGlobalTempView(view)
     times.append(time.monotonic() - started - sum(times))
     log.info("pass of %d rounds: planned in %.2f s, read together in %.2f s, finished in %.2f s", len(due), *times)
     return reports, [(n.state, failures[n.state]) for n, _ in due if n.state in failures]

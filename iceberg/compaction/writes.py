@@ -58,20 +58,22 @@ def write(spark: SparkSession, catalog: Catalog, name: str, sql: str, properties
 
 def commit_delta(
     table: str,
-    rows: DataFrame,
-    held: DataFrame,
+    changes: DataFrame,
+    keep: str,
+    held: str,
     properties: dict[str, str],
     base: int | None,
     columns: ColumnPlan | None = None,
 ) -> None:
-    """Commits to `table` (its Spark name), in one snapshot with `properties`, the `rows` (by
-    name; a column they lack is null) and the removal of the rows `held` locates (`_file`,
-    `_pos`, read at snapshot `base` or later; None: the table had none), through Iceberg's API
+    """Commits to `table` (its Spark name), in one snapshot with `properties`, the `changes`
+    whose `_action` is `keep` (by name; a column they lack is null) and the removal of the row
+    each changed key held, which their struct column `held` locates (`_at._file`, `_at._pos`,
+    read at snapshot `base` or later; None: the table had none), through Iceberg's API
     (infra/delta-writer/DeltaWriter.java): the same snapshot a MERGE of them writes, without
     its plan, scan and join, and with the `columns` plan's new and widened columns (no schema
     change of its own). It fails if another writer changed the table since `base`."""
     add, widen = (columns.add, columns.widen) if columns is not None else ({}, {})
-    compat.delta_commit(rows, held, table, properties, -1 if base is None else base, add, widen)
+    compat.delta_commit(changes, table, keep, held, properties, -1 if base is None else base, add, widen)
 
 
 def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
@@ -80,7 +82,12 @@ def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
     for col, t in columns.items():
         raw = after.getItem(col)
         data.append((F.unbase64(raw) if t == "binary" else raw.cast(t)).alias(col))
-    return changes.select(*[F.col(n) for n, _ in META_COLUMNS], *data, "_action")
+    return changes.select(*[F.col(n) for n, _ in META_COLUMNS], *data, "_action", *_held(changes))
+
+
+def _held(changes: DataFrame) -> list[str]:
+    """The changes' columns that locate the rows their keys held (`dedupe.latest_per_key`)."""
+    return [c for c, _ in HELD_COLUMNS if c in changes.columns]
 
 
 def tombstone_source(changes: DataFrame, now: datetime, retention: Column) -> DataFrame:
@@ -92,6 +99,7 @@ def tombstone_source(changes: DataFrame, now: datetime, retention: Column) -> Da
         F.when(deleted, ts).alias("deleted_at"),
         F.when(deleted, ts + retention).alias("expires_at"),
         "_action",
+        *_held(changes),
     )
 
 

@@ -9,6 +9,7 @@ import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.concurrent.ExecutorService;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
 import org.apache.iceberg.DeleteFile;
@@ -30,6 +31,7 @@ import org.apache.iceberg.io.DeleteWriteResult;
 import org.apache.iceberg.io.FileAppender;
 import org.apache.iceberg.io.OutputFileFactory;
 import org.apache.iceberg.parquet.Parquet;
+import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.spark.SparkSchemaUtil;
 import org.apache.iceberg.spark.data.SparkParquetWriters;
@@ -54,24 +56,28 @@ import org.apache.spark.sql.types.StructType;
  * with Spark's other jars; iceberg/compaction/writes.py calls it.
  */
 public final class DeltaWriter {
+  private static final ExecutorService IN_THIS_THREAD = MoreExecutors.newDirectExecutorService();
+
   private DeltaWriter() {}
 
   /**
-   * Commits to table {@code name} (its Spark name) the rows of {@code rows} (by column name;
-   * a column they lack is null) and the deletes of {@code positions} ({@code _file},
-   * {@code _pos} of the rows to remove, read at snapshot {@code base} or later), with {@code
-   * properties} in the snapshot's summary. The commit fails if, since {@code base} (-1: the
-   * table had none), another added data files, deleted the files the deletes reference or
-   * wrote deletes of its own: a writer that lost its lease cannot overwrite the new one's
-   * work. {@code add} and {@code widen} (name, Spark type, name, type, ...) change the table's
-   * columns in the same commit: the columns added (in their order), then those widened.
-   * Returns the new snapshot's id.
+   * Commits to table {@code name} (its Spark name), from {@code changes} (one row per changed
+   * key), the rows whose {@code _action} is {@code keep} (by column name; a column they lack is
+   * null) and the removal of each row a changed key held, which the struct column {@code held}
+   * locates ({@code held._at._file}, {@code held._at._pos}, read at snapshot {@code base} or
+   * later; null: none), with {@code properties} in the snapshot's summary: one query for both.
+   * The commit fails if, since {@code base} (-1: the table had none), another added data files,
+   * deleted the files the deletes reference or wrote deletes of its own: a writer that lost its
+   * lease cannot overwrite the new one's work. {@code add} and {@code widen} (name, Spark type,
+   * name, type, ...) change the table's columns in the same commit: the columns added (in their
+   * order), then those widened. Returns the new snapshot's id.
    */
   public static long commit(
       SparkSession spark,
       String name,
-      Dataset<Row> rows,
-      Dataset<Row> positions,
+      Dataset<Row> changes,
+      String keep,
+      String held,
       Map<String, String> properties,
       long base,
       List<String> add,
@@ -97,15 +103,23 @@ public final class DeltaWriter {
     }
     OutputFileFactory files =
         OutputFileFactory.builderFor(table, 0, 0).format(FileFormat.PARQUET).build();
-    RowDelta delta = tx.newRowDelta();
-    Dataset<Row> typed = typed(rows, SparkSchemaUtil.convert(table.schema()));
-    InternalRow[] added = typed.queryExecution().executedPlan().executeCollect();
-    if (added.length > 0) {
-      delta.addRows(writeData(table, files.newOutputFile(), typed.schema(), added));
-    }
+    // its manifests read, filtered and merged in this thread: Iceberg's worker pool is waited
+    // for by polling every 10 ms (`Tasks.waitFor`), longer than a small commit's work
+    RowDelta delta = tx.newRowDelta().scanManifestsWith(IN_THIS_THREAD);
+    StructType columns = SparkSchemaUtil.convert(table.schema());
+    int n = columns.size(); // each row: the table's columns, then its action and held row
+    List<InternalRow> added = new ArrayList<>();
     Map<String, List<Long>> byFile = new HashMap<>();
-    for (InternalRow r : positions.queryExecution().executedPlan().executeCollect()) {
-      byFile.computeIfAbsent(r.getUTF8String(0).toString(), k -> new ArrayList<>()).add(r.getLong(1));
+    for (InternalRow r : typed(changes, columns, held).queryExecution().executedPlan().executeCollect()) {
+      if (!r.isNullAt(n) && r.getUTF8String(n).toString().equals(keep)) {
+        added.add(r); // the writer reads the first n columns
+      }
+      if (!r.isNullAt(n + 1)) {
+        byFile.computeIfAbsent(r.getUTF8String(n + 1).toString(), k -> new ArrayList<>()).add(r.getLong(n + 2));
+      }
+    }
+    if (!added.isEmpty()) {
+      delta.addRows(writeData(table, files.newOutputFile(), columns, added));
     }
     if (!byFile.isEmpty()) {
       Snapshot current = table.currentSnapshot();
@@ -139,19 +153,25 @@ public final class DeltaWriter {
     return tx.table().currentSnapshot().snapshotId();
   }
 
-  /** {@code rows} as the table's columns, in its order and types (a column they lack: null). */
-  private static Dataset<Row> typed(Dataset<Row> rows, StructType table) {
-    Set<String> have = new HashSet<>(Arrays.asList(rows.columns()));
+  /**
+   * {@code changes} as the table's columns, in its order and types (a column they lack: null),
+   * then {@code _action} and the file and position of the row in {@code held}.
+   */
+  private static Dataset<Row> typed(Dataset<Row> changes, StructType table, String held) {
+    Set<String> have = new HashSet<>(Arrays.asList(changes.columns()));
     List<Column> columns = new ArrayList<>();
     for (StructField f : table.fields()) {
       String quoted = "`" + f.name().replace("`", "``") + "`"; // a name may hold dots
-      Column c = have.contains(f.name()) ? rows.col(quoted) : functions.lit(null);
+      Column c = have.contains(f.name()) ? changes.col(quoted) : functions.lit(null);
       columns.add(c.cast(f.dataType()).as(f.name()));
     }
-    return rows.select(columns.toArray(new Column[0]));
+    columns.add(changes.col("_action"));
+    columns.add(changes.col(held + "._at._file"));
+    columns.add(changes.col(held + "._at._pos"));
+    return changes.select(columns.toArray(new Column[0]));
   }
 
-  private static DataFile writeData(Table table, EncryptedOutputFile out, StructType sparkType, InternalRow[] rows)
+  private static DataFile writeData(Table table, EncryptedOutputFile out, StructType sparkType, List<InternalRow> rows)
       throws IOException {
     FileAppender<InternalRow> appender =
         Parquet.write(out)
