@@ -31,7 +31,7 @@ from pyiceberg.typedef import Record
 if TYPE_CHECKING:
     from pyiceberg.table import DataScan, FileScanTask, Table, Transaction
     from pyspark import SparkConf
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 # The versions the contract tests last passed on; an upgrade fails them until rechecked.
@@ -286,6 +286,23 @@ def part(parts: Any, session: SparkSession, index: int) -> DataFrame:
     from pyspark.sql import DataFrame as Frame
 
     return Frame(parts.part(session._jsparkSession, index), session)
+
+
+def column_seq(columns: Sequence[Column]) -> Any:
+    """`columns` as the Scala sequence the JVM's `Dataset.select` takes, for `select` to give
+    it again and again: PySpark's `select` builds one on every call (`_to_seq`: a call to the
+    JVM per column, through py4j's list conversion)."""
+    from pyspark import SparkContext
+    from pyspark.sql.classic.column import _to_seq
+
+    return _to_seq(SparkContext.getOrCreate(), [c._jc for c in columns])
+
+
+def select(frame: DataFrame, columns: Any) -> DataFrame:
+    """`frame.select(*c)` for `columns = column_seq(c)`, in one call to the JVM (`_jdf`)."""
+    from pyspark.sql import DataFrame as Frame
+
+    return Frame(frame._jdf.select(columns), frame.sparkSession)
 
 
 # -- Spark: settings

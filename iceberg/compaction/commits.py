@@ -95,7 +95,7 @@ class RoundCommits:
         tombstones = self.names.tombstones
         held = self.held_keys.get(tombstones, [])
         if self.report.deletes or held != []:
-            retention = F.expr(f"INTERVAL {int(self.policy.tombstone_retention.total_seconds())} SECONDS")
+            retention = int(self.policy.tombstone_retention.total_seconds())
             source = writes.tombstone_source(self.changes, self.now, retention)
             if self.carried:
                 self.commit_delta(tombstones, "_held_t", source, "delete", self.recorded(tombstones))

@@ -30,6 +30,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from iceberg import compat, leases
+from iceberg.columns import once_per_context
 from iceberg.compaction import dedupe, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.job import BROADCAST_ROUND, HELD_KEYS_MAX, Round
@@ -47,8 +48,10 @@ def _table() -> Column:
     return F.substring_index(F.col("_key"), "/", 1).cast("int")
 
 
-def _prefixed(i: int, column: str = "_key") -> Column:
-    return F.concat(F.lit(f"{i}/"), F.col(column))
+@once_per_context
+def _prefixed(i: int) -> Column:
+    """The key prefixed with the table's index in its group (`i/`)."""
+    return F.concat(F.lit(f"{i}/"), F.col("_key"))
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:
@@ -110,7 +113,7 @@ def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
             for name, op in ((r.names.state, None), (r.names.tombstones, "d"))
             if name in r.holding
         ]
-        return winners.log_candidates(dirty, payload=True, key=_prefixed(i, "key")), rows
+        return winners.log_candidates(dirty, payload=True, key=_prefixed(i)), rows
 
     with ThreadPoolExecutor(FRAME_THREADS, thread_name_prefix="cdclake-frames") as pool:
         built = list(pool.map(frames, range(len(rounds)), rounds))
@@ -199,7 +202,7 @@ def compact_tables(
     from iceberg.spark import round_session
 
     own = workers > 1
-    conf = spark.conf.getAll if own else None  # read once for the pass's sessions
+    conf = spark.conf.getAll  # read once for the pass's sessions (each setting a call to the JVM)
     failures: dict[str, BaseException] = {}
 
     def begin(names: TableNames, policy: CompactionPolicy) -> tuple[Round, bool]:

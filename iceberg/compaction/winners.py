@@ -5,11 +5,14 @@ route (the window), and the winners' after-images read back from the log."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F
 
 from connector.core.ordering import Ordering, Truncate
+from iceberg import compat
+from iceberg.columns import once_per_context
 from iceberg.compaction import dedupe
 
 BROADCAST_WINNERS = 2_000_000  # winner ids (~50 bytes each) sent to every task to fetch their payload
@@ -26,9 +29,17 @@ ORDER_COLUMNS = ["_key", "_partition_id", "_sequence_number", "_snapshot", "_sou
 
 def log_candidates(dirty: DataFrame, payload: bool = False, key: Column | None = None) -> DataFrame:
     """The dirty events as candidates; without `payload`, `_after` and `_after_types` null
-    until `with_payload`; `key`: their `_key` (default the event's)."""
-    return dirty.where(F.col("op") != "t").select(
-        (F.col("key") if key is None else key).alias("_key"),
+    until `with_payload`; `key`: their `_key`, of the event's own (`_key`; default that)."""
+    events, columns = _candidate_columns(payload)
+    candidates = compat.select(dirty.where(events), columns)
+    return candidates if key is None else candidates.withColumn("_key", key)
+
+
+@once_per_context
+def _candidate_columns(payload: bool) -> tuple[Column, Any]:
+    """`log_candidates`' filter (no truncate) and its columns (`compat.column_seq`)."""
+    columns = [
+        F.col("key").alias("_key"),
         F.col("topic").alias("_topic"),
         F.col("partition").alias("_partition_id"),
         F.col("offset").alias("_offset"),
@@ -41,7 +52,8 @@ def log_candidates(dirty: DataFrame, payload: bool = False, key: Column | None =
         F.col("payload_bytes").alias("_payload_bytes"),
         *[(F.col(c) if payload else F.lit(None).cast("string")).alias("_" + c) for c in _PAYLOAD],
         F.lit(False).alias("_held"),
-    )
+    ]
+    return F.col("op") != "t", compat.column_seq(columns)
 
 
 def with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> DataFrame:
@@ -172,17 +184,21 @@ def newest(
 def held(table: DataFrame, op: str | None, at: bool = False, key: Column | None = None) -> DataFrame:
     """A state or tombstone table's rows (`op` 'd' for the tombstones) as candidates; `at`, with
     where each row is (`_at`: its data file and position, Iceberg's `_file` and `_pos`), so
-    that a round can remove it without a MERGE (`writes.commit_delta`); `key`: their `_key`
-    (default the row's). `table` must be the table itself, not a frame over it (its metadata
-    columns are the table's). One projection: each is an analysis of the plan in the driver."""
+    that a round can remove it without a MERGE (`writes.commit_delta`); `key`: their `_key`,
+    of the row's own (`_key`; default that). `table` must be the table itself, not a frame
+    over it (its metadata columns are the table's)."""
+    rows = compat.select(table, _held_columns(op, at))
+    return rows if key is None else rows.withColumn("_key", key)
+
+
+@once_per_context
+def _held_columns(op: str | None, at: bool) -> Any:
+    """`held`'s columns (`dedupe.CANDIDATE_COLUMNS`; `compat.column_seq`)."""
     given = {
-        "_key": F.col("_key") if key is None else key,
         "_op": F.lit(op) if op else F.col("_op"),
         "_after": F.lit(None).cast("string"),
         "_after_types": F.lit(None).cast("string"),
         "_held": F.lit(True),
     }
-    return table.select(
-        *[given.get(c, F.col(c)).alias(c) for c in dedupe.CANDIDATE_COLUMNS],
-        *([F.struct("_file", "_pos").alias("_at")] if at else []),
-    )
+    columns = [given.get(c, F.col(c)).alias(c) for c in dedupe.CANDIDATE_COLUMNS]
+    return compat.column_seq([*columns, *([F.struct("_file", "_pos").alias("_at")] if at else [])])

@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from functools import reduce
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from iceberg import compat
+from iceberg.columns import once_per_context
 from iceberg.compaction import schema
 from iceberg.compaction.dedupe import HELD_COLUMNS
 from iceberg.compaction.schema import ColumnPlan
@@ -77,29 +79,42 @@ def commit_delta(
 
 
 def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
+    """The changes as rows of the state: its meta columns, its data `columns` (name: type)
+    from the after-image, the action and the rows their keys held."""
+    return compat.select(changes, _state_columns(tuple(columns.items()), _held(changes)))
+
+
+@once_per_context
+def _state_columns(columns: tuple[tuple[str, str], ...], held: tuple[str, ...]) -> Any:
     after = F.from_json(F.col("_after"), "map<string,string>")
     data = []
-    for col, t in columns.items():
+    for col, t in columns:
         raw = after.getItem(col)
         data.append((F.unbase64(raw) if t == "binary" else raw.cast(t)).alias(col))
-    return changes.select(*[F.col(n) for n, _ in META_COLUMNS], *data, "_action", *_held(changes))
+    return compat.column_seq([*[F.col(n) for n, _ in META_COLUMNS], *data, *map(F.col, ("_action", *held))])
 
 
-def _held(changes: DataFrame) -> list[str]:
+def _held(changes: DataFrame) -> tuple[str, ...]:
     """The changes' columns that locate the rows their keys held (`dedupe.latest_per_key`)."""
-    return [c for c, _ in HELD_COLUMNS if c in changes.columns]
+    return tuple(c for c, _ in HELD_COLUMNS if c in changes.columns)
 
 
-def tombstone_source(changes: DataFrame, now: datetime, retention: Column) -> DataFrame:
+def tombstone_source(changes: DataFrame, now: datetime, retention: int) -> DataFrame:
     """The changes as rows of the tombstones: a delete's own, deleted `now` and expiring
-    `retention` later; any other change's without them (its key's tombstone goes)."""
+    `retention` seconds later; any other change's without them (its key's tombstone goes)."""
+    return compat.select(changes, _tombstone_columns(now, retention, _held(changes)))
+
+
+@once_per_context
+def _tombstone_columns(now: datetime, retention: int, held: tuple[str, ...]) -> Any:
     deleted, ts = F.col("_action") == "delete", F.lit(now)
-    return changes.select(
-        *[n for n, _ in META_COLUMNS],
-        F.when(deleted, ts).alias("deleted_at"),
-        F.when(deleted, ts + retention).alias("expires_at"),
-        "_action",
-        *_held(changes),
+    return compat.column_seq(
+        [
+            *[F.col(n) for n, _ in META_COLUMNS],
+            F.when(deleted, ts).alias("deleted_at"),
+            F.when(deleted, ts + F.expr(f"INTERVAL {retention} SECONDS")).alias("expires_at"),
+            *map(F.col, ("_action", *held)),
+        ]
     )
 
 

@@ -225,6 +225,23 @@ def test_persisted_rdds_are_listed_and_released_through_the_jvm_context(spark):
 
 
 @pytest.mark.spark
+def test_a_sequence_of_columns_built_once_selects_as_pysparks_select_in_any_session(spark):
+    """`compat.column_seq` and `compat.select`: the same rows and names as PySpark's `select`
+    of those columns, again and again, from a frame of another session too."""
+    from pyspark.sql import functions as F
+
+    with contract("pyspark.sql.classic.column._to_seq, DataFrame._jdf.select", "pyspark"):
+        columns = [F.col("id").alias("a"), (F.col("id") * 2).alias("b"), F.lit("x").alias("c")]
+        seq = compat.column_seq(columns)
+        for session in (spark, spark.newSession()):
+            frame = session.range(3)
+            got = compat.select(frame, seq)
+            assert got.columns == ["a", "b", "c"]
+            assert got.collect() == frame.select(*columns).collect() == [(i, 2 * i, "x") for i in range(3)]
+            assert got.sparkSession is session
+
+
+@pytest.mark.spark
 def test_frames_reach_the_delta_writer_which_fails_where_another_writer_committed_since_its_base(spark, settings):
     """`compat.delta_commit` hands the changes to infra/delta-writer in the JVM: the rows whose
     action is kept are added, and every row a changed key held is removed by its position. The
