@@ -3,7 +3,7 @@ expression in the driver's JVM, which a frame of any session of that context can
 building one costs a round trip to the JVM per function, name and alias (three for
 `F.col(name)`), and one more when Python lets its handle go. A pass over many tables builds
 the same columns for every table, so the builders that depend only on their arguments keep
-what they built (docs/performance.md: the calls a pass makes to the JVM)."""
+what they built (docs/performance.md, "Columns built once per Spark context")."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from weakref import WeakKeyDictionary
 from pyspark import SparkContext
 
 T = TypeVar("T")
+KEPT = 256  # results kept per builder and context: a few per pass (its time, its tables' column sets)
 
 
 def once_per_context(build: Callable[..., T]) -> Callable[..., T]:
-    """`build(*args)` (hashable arguments), called once per Spark context and arguments while
-    its last `KEPT` results are kept."""
+    """`build(*args)` (hashable arguments), kept per Spark context: `build` runs again only for
+    arguments not among the `KEPT` it was last given."""
     built: WeakKeyDictionary[SparkContext, Callable[..., T]] = WeakKeyDictionary()
     lock = threading.Lock()
 
@@ -34,6 +35,3 @@ def once_per_context(build: Callable[..., T]) -> Callable[..., T]:
         return cached(*args)
 
     return get
-
-
-KEPT = 256  # results kept per builder: a few per pass (its time, its tables' column sets)

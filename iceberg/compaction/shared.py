@@ -40,7 +40,7 @@ from iceberg.layouts import TableNames
 
 log = logging.getLogger("iceberg.compaction.job")
 GROUP_TABLES = 50  # rounds read in one shared job at most
-FRAME_THREADS = 4  # the shared read builds its tables' frames this many at once
+READ_CHUNKS = 4  # the shared read's queries: its tables in this many chunks, read at once
 
 
 def _table() -> Column:
@@ -115,27 +115,33 @@ def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
         ]
         return winners.log_candidates(dirty, payload=True, key=_prefixed(i)), rows
 
-    with ThreadPoolExecutor(FRAME_THREADS, thread_name_prefix="cdclake-frames") as pool:
-        built = list(pool.map(frames, range(len(rounds)), rounds))
-    events, held = [e for e, _ in built], [h for _, hs in built for h in hs]
-    # the logs read once; the held tables' rows for the round's keys in one semi-join
-    # one task per core: the union of the tables' scans is otherwise a task or more per table
-    tasks = spark.sparkContext.defaultParallelism
-    candidates = _union(events).coalesce(tasks).localCheckpoint(eager=True)
-    held_rows = None
-    if held:
-        wanted = candidates.select("_key")
-        many = sum(r.report.events for r in rounds) > BROADCAST_ROUND
-        held_rows = (
-            _union(held)
-            .join(wanted.distinct() if many else F.broadcast(wanted), "_key", "left_semi")
-            .coalesce(tasks)
-            .localCheckpoint(eager=True)
-        )
-        candidates = candidates.unionByName(held_rows, allowMissingColumns=True)
+    many = sum(r.report.events for r in rounds) > BROADCAST_ROUND
+
+    def read(chunk: list[int]) -> tuple[DataFrame, DataFrame | None]:
+        """The dirty events of the rounds `chunk` (their indexes) in one query, then the rows
+        their tables hold for their keys in one semi-join, each read into the driver's memory
+        by one task (a union of the tables' scans is otherwise a task or more per table)."""
+        built = [frames(i, rounds[i]) for i in chunk]
+        events = _union([e for e, _ in built]).coalesce(1).localCheckpoint(eager=True)
+        held = [h for _, hs in built for h in hs]
+        if not held:
+            return events, None
+        wanted = events.select("_key")
+        rows = _union(held).join(wanted.distinct() if many else F.broadcast(wanted), "_key", "left_semi")
+        return events, rows.coalesce(1).localCheckpoint(eager=True)
+
+    # the rounds in `READ_CHUNKS` chunks read at once: Spark plans a query's scans (each
+    # table's manifests read) one after the other in the driver, and the chunks' in parallel
+    n = min(READ_CHUNKS, len(rounds))
+    with ThreadPoolExecutor(n, thread_name_prefix="cdclake-frames") as pool:
+        parts = list(pool.map(read, [list(range(k, len(rounds), n)) for k in range(n)]))
+    candidates = _union([e for e, _ in parts])
+    held_rows = [h for _, h in parts if h is not None]
+    if held_rows:
+        candidates = candidates.unionByName(_union(held_rows), allowMissingColumns=True)
     # the newest change per key with the rows the key held, then per table its keys and stale
     # events, its changes' counts, signatures and held keys, and their bytes per stream
-    ranked = dedupe.rank(candidates, ordering)
+    ranked, tasks = dedupe.rank(candidates, ordering), spark.sparkContext.defaultParallelism
     found = dedupe.latest_per_key(ranked, held=True).withColumn("_table", _table()).coalesce(tasks)
     found = found.localCheckpoint(eager=True)
     changes = dedupe.resolve(found, None, ordering)
