@@ -21,7 +21,7 @@ from iceberg.compaction.quiet import upkeep
 from iceberg.compaction.report import CompactionReport, Steps, may_expire
 from iceberg.compaction.retain import purge_predicate
 from iceberg.compaction.retention import trim
-from iceberg.compaction.stats import StreamStats, cleaner_points, load_optional, sum_streams
+from iceberg.compaction.stats import StreamStats, sum_streams
 from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA, TableNames
 from iceberg.maintenance import maintain
 from iceberg.summary_keys import (
@@ -62,10 +62,12 @@ class RoundCommits:
         self.truncate: Truncate | None = None  # the newest of them
         self.table_truncate: Truncate | None = None  # the marker after the round
         self.late: DataFrame | None = None  # changes older than the marker: stale
-        # Of the state and tombstones, those holding rows, and the table's truncate marker, as
-        # the plan found them (only the round, which holds the lease, writes them until it ends)
+        # Of the state and tombstones, those holding rows, and the table's truncate marker and
+        # cleaner points, as the plan found them (only the round, which holds the lease, writes
+        # them until it ends)
         self.holding: list[str] = []
         self.marker: Truncate | None = None
+        self.points: dict[str, int] = {}
         self.held_rows: DataFrame | None = None
         self.held_bounds: dict[str, Any] = {}
         # per table with rows, the keys it holds among the round's (None: not collected, its
@@ -121,7 +123,7 @@ class RoundCommits:
         in the same snapshot."""
         catalog, names, report = self.catalog, self.names, self.report
         source = writes.state_source(self.changes, self.columns.columns)
-        points = {**cleaner_points(load_optional(catalog, names.state)), **{r.stream: r.end for r in report.ranges}}
+        points = {**self.points, **{r.stream: r.end for r in report.ranges}}
         props = {
             **CLEANER_POINTS.entry(points),
             **ROUND_RANGES.entry(report.summary()["ranges"]),

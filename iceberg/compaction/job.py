@@ -43,7 +43,7 @@ from iceberg.compaction.commits import RoundCommits
 from iceberg.compaction.policy import CompactionPolicy, plan
 from iceberg.compaction.quiet import left_dirty, seen_entries
 from iceberg.compaction.report import CompactionReport, holds_rows, range_filter, round_truncates
-from iceberg.compaction.stats import held_bytes, load_optional, stream_stats, sum_streams
+from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional, stream_stats, sum_streams
 from iceberg.layouts import TableNames
 from iceberg.summary_keys import TRUNCATE
 from quotas.metrics import STALE
@@ -135,6 +135,7 @@ class Round(RoundCommits):
             self.based[t] = snapshot.snapshot_id if snapshot is not None else None
         state = tables[names.state]
         self.marker = TRUNCATE.read(state) if state is not None else None
+        self.points = cleaner_points(state)
         clean = sum_streams(*self.bytes.values())
         stats = {
             s.stream: s for s in stream_stats(self.catalog, names, self.policy, self.now, bounds=True, clean=clean)
