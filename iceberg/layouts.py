@@ -12,8 +12,12 @@ For a source table `<t>` in namespace `<ns>`:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 LOG_SUFFIX = "__log"
 DEAD_LETTERS_SUFFIX = "__dead_letters"
@@ -81,8 +85,24 @@ META_COLUMNS = [
     ("_snapshot", "boolean"),
     ("_source_ts", "bigint"),
     ("_source_position", "array<bigint>"),
+    # the same position as text, its elements joined by commas: a round looks up the rows its
+    # keys hold reading this instead of the list (a scan of scalar columns only is vectorized)
+    ("_source_position_text", "string"),
     ("_payload_bytes", "bigint"),
 ]
+POSITION_TEXT = "_source_position_text"
+
+
+def has_position_text(table: Table) -> bool:
+    """Whether a state or tombstone table has `POSITION_TEXT` (a table made before it has not)."""
+    return any(f.name == POSITION_TEXT for f in table.schema().fields)
+
+
+def meta_names(text: bool) -> list[str]:
+    """The names of `META_COLUMNS`, of a table with `POSITION_TEXT` (`text`) or without."""
+    return [n for n, _ in META_COLUMNS if text or n != POSITION_TEXT]
+
+
 TOMBSTONE_EXTRA = [("deleted_at", "timestamp"), ("expires_at", "timestamp")]
 # A stale event: who it is, where it was in the log, and why it was ignored
 # (docs/semantics.md, Stale events).

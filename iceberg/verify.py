@@ -122,7 +122,8 @@ def verify(
         purgeable = now.astimezone(UTC) - policy.tombstone_retention
         for kind, name in (("state", names.state), ("tombstones", names.tombstones)):
             table, again = spark.table(names.spark(name)), spark.table(scratch.spark(getattr(scratch, kind)))
-            columns = meta if kind == "tombstones" else sorted(set(table.columns) & set(again.columns))
+            both = set(table.columns) & set(again.columns)  # a table made before a meta column lacks it
+            columns = [c for c in meta if c in both] if kind == "tombstones" else sorted(both)
             if kind == "tombstones":  # one old enough to have been purged is compared only where the table has it
                 held = table.select("_key")
                 again = again.join(held, "_key", "left_semi").unionByName(

@@ -22,7 +22,7 @@ from iceberg.compaction.report import CompactionReport, Steps, may_expire
 from iceberg.compaction.retain import purge_predicate
 from iceberg.compaction.retention import trim
 from iceberg.compaction.stats import StreamStats, sum_streams
-from iceberg.layouts import META_COLUMNS, TOMBSTONE_EXTRA, TableNames
+from iceberg.layouts import TOMBSTONE_EXTRA, TableNames, meta_names
 from iceberg.maintenance import maintain
 from iceberg.summary_keys import (
     CLEANER_POINTS,
@@ -86,6 +86,8 @@ class RoundCommits:
         self.carried = False
         # per table (state, tombstones), the snapshot the plan found (None: none yet)
         self.based: dict[str, int | None] = {}
+        # per table (state, tombstones): whether it has `layouts.POSITION_TEXT` (or will: none yet)
+        self.texts: dict[str, bool] = {}
 
     def recorded(self, name: str) -> dict[str, str]:
         """The snapshot property recording the bytes per stream `name` holds."""
@@ -103,7 +105,7 @@ class RoundCommits:
                 self.commit_delta(tombstones, "_held_t", source, "delete", self.recorded(tombstones))
             else:
                 source.createOrReplaceTempView("cdclake_tomb_changes")
-                columns = [n for n, _ in META_COLUMNS + TOMBSTONE_EXTRA]
+                columns = meta_names(self.texts[tombstones]) + [n for n, _ in TOMBSTONE_EXTRA]
                 sql = writes.write_sql(self.names.spark(tombstones), "cdclake_tomb_changes", columns, "delete", held)
                 writes.write(self.spark, self.catalog, tombstones, sql, self.recorded(tombstones))
             self.step("write tombstones")
@@ -138,11 +140,10 @@ class RoundCommits:
             self.commit_delta(names.state, "_held_s", source, "upsert", props, self.columns)
         else:
             source.createOrReplaceTempView("cdclake_changes")
-            meta = [n for n, _ in META_COLUMNS]
             sql = writes.write_sql(
                 names.spark(names.state),
                 "cdclake_changes",
-                meta + list(self.columns.columns),
+                meta_names(self.texts[names.state]) + list(self.columns.columns),
                 "upsert",
                 self.held_keys.get(names.state, []),
             )

@@ -21,6 +21,18 @@ from iceberg.compaction import retain
 
 POSITION_TYPE = "array<bigint>"
 
+
+def position_text(position: Column) -> Column:
+    """A source position as the state's `_source_position_text` (`layouts.META_COLUMNS`): its
+    elements joined by commas; null for none, "" for an empty one."""
+    return F.array_join(position.cast("array<string>"), ",")
+
+
+def position_from_text(text: Column) -> Column:
+    """`position_text` read back: the same list."""
+    return F.when(text == "", F.array().cast(POSITION_TYPE)).otherwise(F.split(text, ",").cast(POSITION_TYPE))
+
+
 # Columns every candidate carries (held rows have `_after` null).
 CANDIDATE_COLUMNS = [
     "_key",

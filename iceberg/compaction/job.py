@@ -44,7 +44,7 @@ from iceberg.compaction.policy import CompactionPolicy, plan
 from iceberg.compaction.quiet import left_dirty, seen_entries
 from iceberg.compaction.report import CompactionReport, holds_rows, range_filter, round_truncates
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional, stream_stats, sum_streams
-from iceberg.layouts import TableNames
+from iceberg.layouts import TableNames, has_position_text
 from iceberg.summary_keys import TRUNCATE
 from quotas.metrics import STALE
 
@@ -133,6 +133,7 @@ class Round(RoundCommits):
         for t, table in tables.items():
             snapshot = table.current_snapshot() if table is not None else None
             self.based[t] = snapshot.snapshot_id if snapshot is not None else None
+        self.texts = {t: table is None or has_position_text(table) for t, table in tables.items()}
         state = tables[names.state]
         self.marker = TRUNCATE.read(state) if state is not None else None
         self.points = cleaner_points(state)
@@ -202,10 +203,12 @@ class Round(RoundCommits):
             keys = F.broadcast(keys) if self.report.events <= BROADCAST_ROUND else keys.distinct()
             frames = []
             for name, op in held:
-                rows = winners.held(self.spark.table(self.names.spark(name)), op, at=self.carried)
+                rows = winners.held(
+                    self.spark.table(self.names.spark(name)), op, text=self.texts[name], at=self.carried
+                )
                 if not (self.truncate is not None and op is None):
                     rows = rows.join(keys, "_key", "left_semi")
-                frames.append(rows)
+                frames.append(winners.positions(rows, at=self.carried))
             # their packing bounds come with the checkpoint's own job
             bounds = Observation("cdclake_held_bounds")
             self.held_rows = (

@@ -109,7 +109,7 @@ def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
         driver's JVM as it is built; py4j lets the threads wait for it in parallel)."""
         dirty = spark.table(r.names.spark(r.names.log)).where(range_filter(r.report.ranges))
         rows = [
-            winners.held(spark.table(r.names.spark(name)), op, at=True, key=_prefixed(i))
+            winners.held(spark.table(r.names.spark(name)), op, text=r.texts[name], at=True, key=_prefixed(i))
             for name, op in ((r.names.state, None), (r.names.tombstones, "d"))
             if name in r.holding
         ]
@@ -128,7 +128,7 @@ def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
             return events, None
         wanted = events.select("_key")
         rows = _union(held).join(wanted.distinct() if many else F.broadcast(wanted), "_key", "left_semi")
-        return events, rows.coalesce(1).localCheckpoint(eager=True)
+        return events, winners.positions(rows, at=True).coalesce(1).localCheckpoint(eager=True)
 
     # the rounds in `READ_CHUNKS` chunks read at once: Spark plans a query's scans (each
     # table's manifests read) one after the other in the driver, and the chunks' in parallel

@@ -14,6 +14,7 @@ from connector.core.ordering import Ordering, Truncate
 from iceberg import compat
 from iceberg.columns import once_per_context
 from iceberg.compaction import dedupe
+from iceberg.layouts import POSITION_TEXT
 
 BROADCAST_WINNERS = 2_000_000  # winner ids (~50 bytes each) sent to every task to fetch their payload
 
@@ -181,24 +182,43 @@ def newest(
     return winners.unionByName(settled), ranked, counts["n"], stale
 
 
-def held(table: DataFrame, op: str | None, at: bool = False, key: Column | None = None) -> DataFrame:
-    """A state or tombstone table's rows (`op` 'd' for the tombstones) as candidates; `at`, with
-    where each row is (`_at`: its data file and position, Iceberg's `_file` and `_pos`), so
-    that a round can remove it without a MERGE (`writes.commit_delta`); `key`: their `_key`,
-    of the row's own (`_key`; default that). `table` must be the table itself, not a frame
-    over it (its metadata columns are the table's)."""
-    rows = compat.select(table, _held_columns(op, at))
+def held(table: DataFrame, op: str | None, *, text: bool, at: bool = False, key: Column | None = None) -> DataFrame:
+    """A state or tombstone table's rows (`op` 'd' for the tombstones) as candidates but for
+    their source position, which `positions` gives them once they are few (after the lookup of
+    a round's keys: the list is read from `_source_position_text` where the table has it,
+    `text`, so that its scan reads scalar columns only and is vectorized; a table made before
+    that column has not). `at`, with where each row is (`_at`: its data file and position,
+    Iceberg's `_file` and `_pos`), so that a round can remove it without a MERGE
+    (`writes.commit_delta`); `key`: their `_key`, of the row's own (`_key`; default that).
+    `table` must be the table itself, not a frame over it (its metadata columns are the
+    table's)."""
+    rows = compat.select(table, _held_columns(op, at, text))
     return rows if key is None else rows.withColumn("_key", key)
 
 
+def positions(rows: DataFrame, at: bool) -> DataFrame:
+    """`held`'s rows (with `_at` where `at`) as candidates, their source position the list."""
+    return compat.select(rows, _position_columns(at))
+
+
 @once_per_context
-def _held_columns(op: str | None, at: bool) -> Any:
-    """`held`'s columns (`dedupe.CANDIDATE_COLUMNS`; `compat.column_seq`)."""
+def _held_columns(op: str | None, at: bool, text: bool) -> Any:
+    """`held`'s columns (`dedupe.CANDIDATE_COLUMNS` and the position's text; `compat.column_seq`)."""
     given = {
         "_op": F.lit(op) if op else F.col("_op"),
         "_after": F.lit(None).cast("string"),
         "_after_types": F.lit(None).cast("string"),
         "_held": F.lit(True),
+        "_source_position": F.lit(None).cast(dedupe.POSITION_TYPE) if text else F.col("_source_position"),
     }
     columns = [given.get(c, F.col(c)).alias(c) for c in dedupe.CANDIDATE_COLUMNS]
-    return compat.column_seq([*columns, *([F.struct("_file", "_pos").alias("_at")] if at else [])])
+    position = F.col(POSITION_TEXT) if text else F.lit(None).cast("string").alias(POSITION_TEXT)
+    return compat.column_seq([*columns, position, *([F.struct("_file", "_pos").alias("_at")] if at else [])])
+
+
+@once_per_context
+def _position_columns(at: bool) -> Any:
+    """`positions`' columns."""
+    position = F.coalesce(F.col("_source_position"), dedupe.position_from_text(F.col(POSITION_TEXT)))
+    columns = [position.alias(c) if c == "_source_position" else F.col(c) for c in dedupe.CANDIDATE_COLUMNS]
+    return compat.column_seq([*columns, *([F.col("_at")] if at else [])])

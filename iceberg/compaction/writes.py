@@ -17,9 +17,9 @@ from pyspark.sql import functions as F
 from iceberg import compat
 from iceberg.columns import once_per_context
 from iceberg.compaction import schema
-from iceberg.compaction.dedupe import HELD_COLUMNS
+from iceberg.compaction.dedupe import HELD_COLUMNS, position_text
 from iceberg.compaction.schema import ColumnPlan
-from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, STALE_COLUMNS, TableNames
+from iceberg.layouts import DEAD_LETTER_SCHEMA, META_COLUMNS, POSITION_TEXT, STALE_COLUMNS, TableNames
 from iceberg.log_writer import upgrade
 from iceberg.maintenance import sql_literal
 from quotas.metrics import DEAD_LETTERS
@@ -91,7 +91,13 @@ def _state_columns(columns: tuple[tuple[str, str], ...], held: tuple[str, ...]) 
     for col, t in columns:
         raw = after.getItem(col)
         data.append((F.unbase64(raw) if t == "binary" else raw.cast(t)).alias(col))
-    return compat.column_seq([*[F.col(n) for n, _ in META_COLUMNS], *data, *map(F.col, ("_action", *held))])
+    return compat.column_seq([*_meta(), *data, *map(F.col, ("_action", *held))])
+
+
+def _meta() -> list[Column]:
+    """The meta columns of a state or tombstone row from a change's."""
+    text = position_text(F.col("_source_position")).alias(POSITION_TEXT)
+    return [text if n == POSITION_TEXT else F.col(n) for n, _ in META_COLUMNS]
 
 
 def _held(changes: DataFrame) -> tuple[str, ...]:
@@ -110,7 +116,7 @@ def _tombstone_columns(now: datetime, retention: int, held: tuple[str, ...]) -> 
     deleted, ts = F.col("_action") == "delete", F.lit(now)
     return compat.column_seq(
         [
-            *[F.col(n) for n, _ in META_COLUMNS],
+            *_meta(),
             F.when(deleted, ts).alias("deleted_at"),
             F.when(deleted, ts + F.expr(f"INTERVAL {retention} SECONDS")).alias("expires_at"),
             *map(F.col, ("_action", *held)),

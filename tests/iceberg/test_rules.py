@@ -10,7 +10,7 @@ from connector.core.ordering import Truncate
 from iceberg.compaction.dedupe import candidate_order, older_than_truncate
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
 from iceberg.compaction.retain import action, purge_predicate
-from iceberg.layouts import META_COLUMNS
+from iceberg.layouts import META_COLUMNS, POSITION_TEXT
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -115,7 +115,8 @@ def test_the_changes_bytes_equal_the_held_rows_join(spark):
     for k in range(60):  # a state row, a tombstone, both (a replayed round) or neither; then new events
         rows += [row(f"k{k}", op, True) for op in ("u", "d") if rnd.random() < 0.4]
         rows += [row(f"k{k}", rnd.choice("cud"), False) for _ in range(rnd.randrange(3))]
-    ddl = ", ".join(f"{c} {t}" for c, t in META_COLUMNS) + ", _after string, _after_types string, _held boolean"
+    meta = [(c, t) for c, t in META_COLUMNS if c != POSITION_TEXT]  # a candidate's (`dedupe.CANDIDATE_COLUMNS`)
+    ddl = ", ".join(f"{c} {t}" for c, t in meta) + ", _after string, _after_types string, _held boolean"
     candidates = spark.createDataFrame(rows, ddl)
     changes = dedupe.resolve(dedupe.latest_per_key(dedupe.rank(candidates, "source"), held=True), None, "source")
     held = candidates.where("_held")
