@@ -33,7 +33,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from connector.core.errors import ConnectorError
-from iceberg import azure
+from iceberg import azure, compat
 
 if TYPE_CHECKING:
     from connector.core.config import Settings
@@ -43,8 +43,9 @@ class TableUnreadableError(ConnectorError):
     """A table's current metadata file cannot be read (gone or damaged)."""
 
 
-class Catalog(SqlCatalog):
-    """pyiceberg's SQL catalog; a table whose metadata file cannot be read is one clear error.
+class Catalog(compat.MetadataParsedOnce, SqlCatalog):
+    """pyiceberg's SQL catalog, each table metadata file parsed once (`compat.MetadataParsedOnce`);
+    a table whose metadata file cannot be read is one clear error.
     A SQLite catalog is put in write-ahead-log mode (kept in the file): a writer (a commit,
     from Python or Spark's JVM, a lease's renewal) then neither waits for readers nor makes
     them wait."""

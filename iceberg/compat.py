@@ -320,6 +320,45 @@ def raised_in_python_worker(e: BaseException, module: str) -> tuple[str, str] | 
     return (m.group(1), m.group(2)) if m else None
 
 
+class MetadataParsedOnce:
+    """A mixin for pyiceberg's `SqlCatalog` (before it among the bases): a table loaded from a
+    catalog row that names the metadata file it named at the table's last load, of the same
+    size, takes that load's parse (`_PARSED`), through the step from the row to the table
+    that `load_table` takes (`_convert_orm_to_iceberg`). A metadata file is never changed once
+    written (each commit writes a new one and points the row at it); the parse is about half
+    of a load (pydantic's validation of the JSON), and a round loads its tables many times."""
+
+    def _convert_orm_to_iceberg(self, orm_table: Any) -> Table:
+        from pyiceberg.io import load_file_io
+        from pyiceberg.serializers import FromInputFile
+        from pyiceberg.table import Table as IcebergTable
+
+        location, namespace, name = orm_table.metadata_location, orm_table.table_namespace, orm_table.table_name
+        if not (location and namespace and name):  # pyiceberg's own raises its error
+            table: Table = super()._convert_orm_to_iceberg(orm_table)  # type: ignore[misc]
+            return table
+        catalog: Any = self
+        file = load_file_io(catalog.properties, location).new_input(location)
+        size = len(file)  # raises where the file is gone; one cut short or rewritten is parsed again
+        key = (catalog.name, namespace, name)
+        held = _PARSED.get(key)
+        if held is None or held[:2] != (location, size):
+            held = _PARSED[key] = (location, size, FromInputFile.table_metadata(file))
+        metadata = held[2]
+        return IcebergTable(
+            identifier=catalog.identifier_to_tuple(namespace) + (name,),
+            metadata=metadata,
+            metadata_location=location,
+            io=catalog._load_file_io(metadata.properties, location),
+            catalog=catalog,
+        )
+
+
+# per table (catalog name, namespace, name): its metadata file at its last load, the file's size
+# and its parse
+_PARSED: dict[tuple[str, str, str], tuple[str, int, TableMetadata]] = {}
+
+
 def without_retries(table: Table) -> Table:
     """`table` as it is, whose next commit pyiceberg does not retry: a conflict raises
     `CommitFailedException` at once instead of rebuilding the snapshot on top of the newer

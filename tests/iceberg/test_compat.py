@@ -187,6 +187,38 @@ def test_a_commit_without_retries_fails_where_main_moved_and_pyiceberg_would_ret
     assert sorted(catalog.load_table(("ns", "r")).scan().to_arrow()["x"].to_pylist()) == [1, 2, 4]
 
 
+def test_a_table_loaded_again_takes_its_metadata_files_parse_and_is_the_table_pyiceberg_loads(
+    catalog, tmp_path, monkeypatch
+):
+    from pyiceberg.serializers import FromInputFile
+
+    class Parsing(compat.MetadataParsedOnce, SqlCatalog):
+        pass
+
+    parsing = Parsing("compat", **catalog.properties)
+    parses = []
+    parse = FromInputFile.table_metadata
+    monkeypatch.setattr(FromInputFile, "table_metadata", staticmethod(lambda f: parses.append(f) or parse(f)))
+    catalog.create_table(("ns", "m"), schema=pa.schema([("x", pa.int64())])).append(pa.table({"x": [1]}))
+    with contract("SqlCatalog._convert_orm_to_iceberg, Catalog._load_file_io", "pyiceberg"):
+        for n in range(2):  # a commit between: the row names a new file, parsed once
+            parses.clear()
+            tables = [parsing.load_table(("ns", "m")) for _ in range(3)]
+            theirs = catalog.load_table(("ns", "m"))
+            assert len(parses) == 2, n  # one for the three loads, one for pyiceberg's own
+            assert all(t.metadata is tables[0].metadata for t in tables)
+            for t in tables:
+                assert (t.name(), t.metadata, t.metadata_location, t.io.properties, type(t.io)) == (
+                    theirs.name(),
+                    theirs.metadata,
+                    theirs.metadata_location,
+                    theirs.io.properties,
+                    type(theirs.io),
+                )
+            tables[-1].append(pa.table({"x": [2 + n]}))
+    assert sorted(parsing.load_table(("ns", "m")).scan().to_arrow()["x"].to_pylist()) == [1, 2, 3]
+
+
 def test_where_the_sinks_put_a_table_is_where_pyiceberg_puts_one_created_without_a_location(catalog, tmp_path):
     """Public API replaced `_resolve_table_location`; this is that the two still agree."""
     sinks = Sinks(catalog, "ns")
