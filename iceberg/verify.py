@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from connector.core.errors import ConnectorError
 from iceberg.compaction.policy import CompactionPolicy
-from iceberg.layouts import META_COLUMNS, TableNames
+from iceberg.layouts import META_COLUMNS, POSITION_TEXT, TableNames
 
 KINDS = ("missing", "extra", "different offset", "different row")
 
@@ -179,11 +179,18 @@ def rebuild(
             for kind, name, built in replaced:
                 props = rebuild_entries(catalog.load_table(built), kind)
                 have = set(spark.table(names.spark(name)).columns)
-                new = [f for f in spark.table(scratch.spark(built)).schema.fields if f.name not in have]
+                # a table made before the position's text stays without it: added here, it would
+                # be null in every row until the overwrite commits (a round would read it)
+                fields = [
+                    f
+                    for f in spark.table(scratch.spark(built)).schema.fields
+                    if f.name in have or f.name != POSITION_TEXT
+                ]
+                new = [f for f in fields if f.name not in have]
                 if new:
                     cols = ", ".join(f"{schema.quote(f.name)} {f.dataType.simpleString()}" for f in new)
                     spark.sql(f"ALTER TABLE {names.spark(name)} ADD COLUMNS ({cols})")
-                cols = ", ".join(schema.quote(c) for c in spark.table(scratch.spark(built)).columns)
+                cols = ", ".join(schema.quote(f.name) for f in fields)
                 lease.renew()
                 sql = f"INSERT OVERWRITE {names.spark(name)} ({cols}) SELECT {cols} FROM {scratch.spark(built)}"
                 writes.write(spark, catalog, name, sql, props)
