@@ -71,6 +71,7 @@ DEAD_LETTER_SCHEMA = pa.schema(
     ]
 )
 
+POSITION_TEXT = "_source_position_text"
 # Metadata columns of the state and tombstone tables (Spark DDL). `_key` is the
 # compaction key; the ordering fields of the winning event are kept so a later (or late)
 # event can be compared with what is held.
@@ -87,10 +88,9 @@ META_COLUMNS = [
     ("_source_position", "array<bigint>"),
     # the same position as text, its elements joined by commas: a round looks up the rows its
     # keys hold reading this instead of the list (a scan of scalar columns only is vectorized)
-    ("_source_position_text", "string"),
+    (POSITION_TEXT, "string"),
     ("_payload_bytes", "bigint"),
 ]
-POSITION_TEXT = "_source_position_text"
 
 
 def has_position_text(table: Table) -> bool:
