@@ -25,11 +25,13 @@ from pyiceberg.io import FileIO
 from pyiceberg.io.fileformat import FileFormatFactory
 from pyiceberg.io.pyarrow import ArrowScan  # importing it registers the Parquet writer too
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 
 if TYPE_CHECKING:
-    from pyiceberg.table import DataScan, FileScanTask, Table, Transaction
+    from pyiceberg.table import DataScan, FileScanTask, Table
     from pyspark import SparkConf
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -331,7 +333,6 @@ class MetadataParsedOnce:
     def _convert_orm_to_iceberg(self, orm_table: Any) -> Table:
         from pyiceberg.io import load_file_io
         from pyiceberg.serializers import FromInputFile
-        from pyiceberg.table import Table as IcebergTable
 
         location, namespace, name = orm_table.metadata_location, orm_table.table_namespace, orm_table.table_name
         if not (location and namespace and name):  # pyiceberg's own raises its error
@@ -345,13 +346,38 @@ class MetadataParsedOnce:
         if held is None or held[:2] != (location, size):
             held = _PARSED[key] = (location, size, FromInputFile.table_metadata(file))
         metadata = held[2]
-        return IcebergTable(
+        return MetadataAppliedOnce(
             identifier=catalog.identifier_to_tuple(namespace) + (name,),
             metadata=metadata,
             metadata_location=location,
             io=catalog._load_file_io(metadata.properties, location),
             catalog=catalog,
         )
+
+
+class _AppliedOnce(Transaction):
+    """pyiceberg's transaction, whose `table_metadata` (the table's metadata with the staged
+    updates applied) is computed once per base and staged updates instead of at each read. A
+    commit reads it about fifteen times, and each computation deep-copies the whole metadata,
+    whose snapshots a table keeps for the snapshot retention: an ingest commit took 0.6 ms per
+    snapshot the table held. Table metadata is frozen (pydantic), so the copy can be shared."""
+
+    _applied: tuple[TableMetadata, tuple[Any, ...], TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        base, updates, held = self._table.metadata, self._updates, self._applied
+        if held is None or held[0] is not base or held[1] is not updates:
+            held = self._applied = (base, updates, super().table_metadata)
+        return held[2]
+
+
+class MetadataAppliedOnce(IcebergTable):
+    """A pyiceberg table whose transactions (its commits) compute their metadata once per
+    change (`_AppliedOnce`)."""
+
+    def transaction(self) -> Transaction:
+        return _AppliedOnce(self)
 
 
 # per table (catalog name, namespace, name): its metadata file at its last load, the file's size
@@ -364,10 +390,8 @@ def without_retries(table: Table) -> Table:
     `CommitFailedException` at once instead of rebuilding the snapshot on top of the newer
     metadata. pyiceberg 0.12 takes the number of retries from `commit.retry.num-retries` of
     the metadata the table object holds; this copy holds 0 (nothing is committed by it)."""
-    from pyiceberg.table import Table as IcebergTable
-
     properties = {**table.metadata.properties, "commit.retry.num-retries": "0"}
-    return IcebergTable(
+    return MetadataAppliedOnce(
         table.name(),
         table.metadata.model_copy(update={"properties": properties}),
         table.metadata_location,

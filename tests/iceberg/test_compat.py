@@ -187,6 +187,39 @@ def test_a_commit_without_retries_fails_where_main_moved_and_pyiceberg_would_ret
     assert sorted(catalog.load_table(("ns", "r")).scan().to_arrow()["x"].to_pylist()) == [1, 2, 4]
 
 
+def test_a_transactions_metadata_is_computed_once_per_change_and_is_the_one_pyiceberg_computes(catalog, monkeypatch):
+    import pyiceberg.table
+    from pyiceberg.table.update import update_table_metadata
+
+    table = catalog.create_table(("ns", "a"), schema=pa.schema([("x", pa.int64())]))
+    for n in range(3):
+        table.append(pa.table({"x": [n]}))
+    computed = []
+    counted = lambda *a, **kw: computed.append(a) or update_table_metadata(*a, **kw)  # noqa: E731
+    monkeypatch.setattr(pyiceberg.table, "update_table_metadata", counted)
+    with contract("Transaction.table_metadata from _table.metadata and _updates (update_table_metadata)", "pyiceberg"):
+        ours = compat.without_retries(catalog.load_table(("ns", "a")))
+        tx = ours.transaction()
+        first = tx.table_metadata
+        assert tx.table_metadata is first and len(computed) == 1
+        tx.set_properties(k="v")
+        changed = tx.table_metadata
+        assert changed is tx.table_metadata and len(computed) == 2
+        theirs = update_table_metadata(ours.metadata, tx._updates)
+        assert changed.properties["k"] == "v"
+        assert changed.model_dump(exclude={"last_updated_ms"}) == theirs.model_dump(exclude={"last_updated_ms"})
+        tx.commit_transaction()
+        computed.clear()
+        compat.without_retries(catalog.load_table(("ns", "a"))).append(pa.table({"x": [10]}))
+        ours_computed = len(computed)
+        computed.clear()
+        catalog.load_table(("ns", "a")).append(pa.table({"x": [11]}))  # pyiceberg's own transaction
+        assert 0 < ours_computed < len(computed), (ours_computed, len(computed))
+    table = catalog.load_table(("ns", "a"))
+    assert table.properties["k"] == "v"
+    assert sorted(table.scan().to_arrow()["x"].to_pylist()) == [0, 1, 2, 10, 11]
+
+
 def test_a_table_loaded_again_takes_its_metadata_files_parse_and_is_the_table_pyiceberg_loads(
     catalog, tmp_path, monkeypatch
 ):
