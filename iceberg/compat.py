@@ -26,12 +26,11 @@ from pyiceberg.io.fileformat import FileFormatFactory
 from pyiceberg.io.pyarrow import ArrowScan  # importing it registers the Parquet writer too
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.table import Transaction
-from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.metadata import TableMetadata, TableMetadataV1, TableMetadataV2, TableMetadataV3
 from pyiceberg.typedef import Record
 
 if TYPE_CHECKING:
-    from pyiceberg.table import DataScan, FileScanTask, Table
+    from pyiceberg.table import DataScan, FileScanTask, Table, Transaction
     from pyspark import SparkConf
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -328,7 +327,21 @@ class MetadataParsedOnce:
     size, takes that load's parse (`_PARSED`), through the step from the row to the table
     that `load_table` takes (`_convert_orm_to_iceberg`). A metadata file is never changed once
     written (each commit writes a new one and points the row at it); the parse is about half
-    of a load (pydantic's validation of the JSON), and a round loads its tables many times."""
+    of a load (pydantic's validation of the JSON), and a round loads its tables many times.
+    A commit through the catalog leaves the metadata it wrote as the parse of its file (each
+    commit loads the table first). Tables come with metadata that is never copied (`shared`)."""
+
+    def commit_table(self, table: Table, requirements: tuple[Any, ...], updates: tuple[Any, ...]) -> Any:
+        from pyiceberg.catalog import Catalog
+        from pyiceberg.io import load_file_io
+
+        response = super().commit_table(table, requirements, updates)  # type: ignore[misc]
+        catalog: Any = self
+        identifier, location = table.name(), response.metadata_location
+        key = (catalog.name, Catalog.namespace_to_string(Catalog.namespace_from(identifier)), identifier[-1])
+        size = len(load_file_io(catalog.properties, location).new_input(location))
+        _PARSED[key] = (location, size, shared(response.metadata))
+        return response
 
     def _convert_orm_to_iceberg(self, orm_table: Any) -> Table:
         from pyiceberg.io import load_file_io
@@ -344,9 +357,9 @@ class MetadataParsedOnce:
         key = (catalog.name, namespace, name)
         held = _PARSED.get(key)
         if held is None or held[:2] != (location, size):
-            held = _PARSED[key] = (location, size, FromInputFile.table_metadata(file))
+            held = _PARSED[key] = (location, size, shared(FromInputFile.table_metadata(file)))
         metadata = held[2]
-        return MetadataAppliedOnce(
+        return IcebergTable(
             identifier=catalog.identifier_to_tuple(namespace) + (name,),
             metadata=metadata,
             metadata_location=location,
@@ -355,29 +368,42 @@ class MetadataParsedOnce:
         )
 
 
-class _AppliedOnce(Transaction):
-    """pyiceberg's transaction, whose `table_metadata` (the table's metadata with the staged
-    updates applied) is computed once per base and staged updates instead of at each read. A
-    commit reads it about fifteen times, and each computation deep-copies the whole metadata,
-    whose snapshots a table keeps for the snapshot retention: an ingest commit took 0.6 ms per
-    snapshot the table held. Table metadata is frozen (pydantic), so the copy can be shared."""
+class _Shared:
+    """Table metadata that is never copied: pyiceberg's metadata is frozen (pydantic), and it
+    changes metadata by new models (`model_copy(update=...)`), yet it deep-copies the whole
+    metadata each time it applies a change (`update_table_metadata`). A commit did so about
+    sixteen times, over every snapshot the table keeps for the snapshot retention: an ingest
+    commit took 0.6 ms per snapshot the table held. A copy of this metadata is itself."""
 
-    _applied: tuple[TableMetadata, tuple[Any, ...], TableMetadata] | None = None
-
-    @property
-    def table_metadata(self) -> TableMetadata:
-        base, updates, held = self._table.metadata, self._updates, self._applied
-        if held is None or held[0] is not base or held[1] is not updates:
-            held = self._applied = (base, updates, super().table_metadata)
-        return held[2]
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Any:
+        return self
 
 
-class MetadataAppliedOnce(IcebergTable):
-    """A pyiceberg table whose transactions (its commits) compute their metadata once per
-    change (`_AppliedOnce`)."""
+class _SharedV1(_Shared, TableMetadataV1):
+    pass
 
-    def transaction(self) -> Transaction:
-        return _AppliedOnce(self)
+
+class _SharedV2(_Shared, TableMetadataV2):
+    pass
+
+
+class _SharedV3(_Shared, TableMetadataV3):
+    pass
+
+
+_SHARED: dict[int, type[TableMetadataV1 | TableMetadataV2 | TableMetadataV3]] = {
+    1: _SharedV1,
+    2: _SharedV2,
+    3: _SharedV3,
+}
+
+
+def shared(metadata: TableMetadata) -> TableMetadata:
+    """`metadata` (the same fields, not validated again) as metadata that is never copied
+    (`_Shared`); the changes pyiceberg makes to it are too."""
+    if isinstance(metadata, _Shared):
+        return metadata
+    return _SHARED[metadata.format_version].model_construct(_fields_set=metadata.model_fields_set, **dict(metadata))
 
 
 # per table (catalog name, namespace, name): its metadata file at its last load, the file's size
@@ -391,9 +417,9 @@ def without_retries(table: Table) -> Table:
     metadata. pyiceberg 0.12 takes the number of retries from `commit.retry.num-retries` of
     the metadata the table object holds; this copy holds 0 (nothing is committed by it)."""
     properties = {**table.metadata.properties, "commit.retry.num-retries": "0"}
-    return MetadataAppliedOnce(
+    return IcebergTable(
         table.name(),
-        table.metadata.model_copy(update={"properties": properties}),
+        shared(table.metadata).model_copy(update={"properties": properties}),
         table.metadata_location,
         table.io,
         table.catalog,
