@@ -246,7 +246,7 @@ def test_a_table_loaded_again_takes_its_metadata_files_parse_and_is_the_table_py
     parse = FromInputFile.table_metadata
     monkeypatch.setattr(FromInputFile, "table_metadata", staticmethod(lambda f: parses.append(f) or parse(f)))
     catalog.create_table(("ns", "m"), schema=pa.schema([("x", pa.int64())])).append(pa.table({"x": [1]}))
-    with contract("SqlCatalog._convert_orm_to_iceberg, Catalog._load_file_io", "pyiceberg"):
+    with contract("SqlCatalog._convert_orm_to_iceberg and commit_table, Catalog._load_file_io", "pyiceberg"):
         for n in range(2):  # then a commit through `parsing`: the row names the file it wrote, not parsed
             parses.clear()
             tables = [parsing.load_table(("ns", "m")) for _ in range(3)]
