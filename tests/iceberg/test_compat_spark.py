@@ -1,0 +1,215 @@
+"""Contract tests of `iceberg/compat.py` on PySpark and py4j: each internal it uses, on the
+installed (pinned) versions (`test_compat.py` holds pyiceberg's and says what a failure means)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from connector.core.errors import SourceError
+from connector.stage import WRITTEN_SCHEMA
+from iceberg import compat
+from tests.iceberg.test_compat import contract
+
+
+def test_an_arrow_schema_is_sparks_schema_of_the_same_columns():
+    from pyspark.sql.types import BinaryType, BooleanType, IntegerType, LongType, StringType, StructField, StructType
+
+    types = {
+        pa.string(): StringType(),
+        pa.int32(): IntegerType(),
+        pa.int64(): LongType(),
+        pa.bool_(): BooleanType(),
+        pa.binary(): BinaryType(),
+    }
+    assert {f.type for f in WRITTEN_SCHEMA} <= set(types)  # what the stage gives back is covered
+    arrow = pa.schema([pa.field(str(i), t, nullable=bool(i % 2)) for i, t in enumerate(types)])
+    want = StructType([StructField(str(i), t, nullable=bool(i % 2)) for i, t in enumerate(types.values())])
+    with contract("sql.pandas.types.from_arrow_schema", "pyspark"):
+        assert compat.spark_schema(arrow) == want
+
+
+@pytest.mark.spark
+def test_persisted_rdds_are_listed_and_released_through_the_jvm_context(spark):
+    with contract("SparkContext._jsc.getPersistentRDDs", "pyspark"):
+        before = compat.persisted_rdds(spark)
+        spark.range(10).localCheckpoint(eager=True)
+        made = compat.persisted_rdds(spark) - before
+        assert made, "a local checkpoint is a persisted RDD"
+        compat.unpersist_rdds(spark, keep=before)
+        assert compat.persisted_rdds(spark) == before
+
+
+@pytest.mark.spark
+def test_a_sequence_of_columns_built_once_selects_as_pysparks_select_in_any_session(spark):
+    """`compat.column_seq` and `compat.select`: the same rows and names as PySpark's `select`
+    of those columns, again and again, from a frame of another session too."""
+    from pyspark.sql import functions as F
+
+    with contract("pyspark.sql.classic.column._to_seq, DataFrame._jdf.select", "pyspark"):
+        columns = [F.col("id").alias("a"), (F.col("id") * 2).alias("b"), F.lit("x").alias("c")]
+        seq = compat.column_seq(columns)
+        for session in (spark, spark.newSession()):
+            frame = session.range(3)
+            got = compat.select(frame, seq)
+            assert got.columns == ["a", "b", "c"]
+            assert got.collect() == frame.select(*columns).collect() == [(i, 2 * i, "x") for i in range(3)]
+            assert got.sparkSession is session
+
+
+@pytest.mark.spark
+def test_frames_reach_the_delta_writer_which_fails_where_another_writer_committed_since_its_base(spark, settings):
+    """`compat.delta_commit` hands the changes to infra/delta-writer in the JVM: the rows whose
+    action is kept are added, and every row a changed key held is removed by its position. The
+    write validates from the snapshot those positions were read at, so a writer that lost its
+    lease cannot remove or add rows over another's commit, nor change the columns. Columns
+    added (in their order) and widened go in the same snapshot as the rows."""
+    from pyspark.sql import functions as F
+
+    table = f"{settings.catalog.name}.{settings.catalog.namespace}.fenced"
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{settings.catalog.namespace}")
+    spark.sql(f"CREATE TABLE {table} (_key string, v bigint, i int) USING iceberg TBLPROPERTIES ('format-version'='3')")
+    spark.sql(f"INSERT INTO {table} VALUES ('a', 1, 1), ('b', 2, 2)")
+    base = spark.sql(f"SELECT snapshot_id FROM {table}.snapshots").first()[0]
+    at = dict(spark.table(table).select("_key", F.struct("_file", "_pos")).collect())
+    spark.sql(f"INSERT INTO {table} VALUES ('c', 3, 3)")  # the other writer
+    changes = spark.createDataFrame(
+        [("a", 10, 2**40, "x", 1.5, "upsert", (at["a"],)), ("b", None, None, None, None, "delete", (at["b"],))],
+        "_key string, v bigint, i bigint, w string, `z.y` double, _action string,"
+        " _held struct<_at: struct<_file: string, _pos: bigint>>",
+    )
+    add, widen = {"w": "string", "z.y": "double"}, {"i": "bigint"}
+    with pytest.raises(Exception, match="conflicting files"):
+        compat.delta_commit(changes, table, "upsert", "_held", {"k": "v"}, base, add, widen)
+    assert sorted(map(tuple, spark.table(table).collect())) == [("a", 1, 1), ("b", 2, 2), ("c", 3, 3)]
+    snapshots = f"SELECT count(*) FROM {table}.snapshots"
+    now, count = spark.sql(f"SELECT max_by(snapshot_id, committed_at), count(*) FROM {table}.snapshots").first()
+    with contract("DataFrame._jdf, SparkSession._jsparkSession, SparkContext._jvm", "pyspark"):
+        compat.delta_commit(changes, table, "upsert", "_held", {"k": "v"}, now, add, widen)  # read again, it commits
+    assert spark.sql(snapshots).first()[0] == count + 1
+    assert spark.table(table).dtypes == [
+        ("_key", "string"),
+        ("v", "bigint"),
+        ("i", "bigint"),
+        ("w", "string"),
+        ("z.y", "double"),
+    ]
+    assert sorted(map(tuple, spark.table(table).collect())) == [
+        ("a", 10, 2**40, "x", 1.5),
+        ("c", 3, 3, None, None),
+    ]
+    latest = f"SELECT snapshot_id, summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1"
+    now, summary = spark.sql(latest).first()
+    assert summary["k"] == "v" and int(summary["added-dvs"]) >= 1
+    compat.delta_commit(changes.limit(0), table, "upsert", "_held", {"k": "w"}, now, {}, {})  # nothing: a snapshot
+    assert spark.sql(latest).first()[1]["k"] == "w"
+    assert len(spark.table(table).collect()) == 2
+
+
+@pytest.mark.spark
+def test_a_python_workers_error_reaches_the_driver_with_its_class_and_message(spark):
+    def fail(batches):
+        for _ in batches:
+            raise SourceError("offsets [0, 5) of t:0 cannot be read: gone")
+        yield from ()
+
+    with contract("the text of a Python worker's error (PythonException)", "pyspark"):
+        with pytest.raises(Exception) as raised:
+            spark.range(1).mapInArrow(fail, "id long").collect()
+        assert compat.raised_in_python_worker(raised.value, "connector.core.errors") == (
+            "SourceError",
+            "offsets [0, 5) of t:0 cannot be read: gone",
+        ), str(raised.value)[-2000:]
+
+
+@pytest.mark.spark
+def test_the_jvm_started_with_its_output_redirected_is_the_one_spark_uses(spark, tmp_path):
+    """In a process of its own: this one's JVM is running already."""
+    assert compat.jvm_started()
+    log = tmp_path / "jvm.log"
+    script = textwrap.dedent(
+        f"""
+        from pyspark import SparkConf, SparkContext
+        from iceberg import compat
+
+        assert not compat.jvm_started()
+        conf = SparkConf(loadDefaults=False).setAppName("compat").setMaster("local[1]")
+        with open({str(log)!r}, "ab") as out:
+            gateway = compat.start_jvm(conf, out)
+        assert compat.jvm_started()
+        gateway.jvm.System.out.println("from the jvm")
+        gateway.jvm.System.out.flush()
+        sc = SparkContext(conf=conf)
+        assert sc._gateway is gateway, "SparkContext started a JVM of its own"
+        sc.stop()
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    with contract("java_gateway.launch_gateway + SparkContext._ensure_initialized / _gateway", "pyspark"):
+        done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "from the jvm" in log.read_text(), "the JVM's output did not go where it was sent"
+
+
+@pytest.mark.spark
+def test_a_shared_reads_session_compiles_no_code_for_its_queries(spark):
+    """`compat.NO_CODEGEN` in the sessions `round_session(small=True)` gives, told by Spark's
+    own count of compilations (`CodegenMetrics`, through the JVM); a round's other session
+    compiles its query. `factoryMode` is internal to Spark: it exists with its options."""
+    from pyspark.sql import functions as F
+
+    from iceberg.spark import round_session
+
+    jvm = spark.sparkContext._jvm
+    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+    def compiled(session, n: int) -> int:  # `n` new to each query: no compiled class fits it
+        before = compilations.getCount()
+        rows = session.range(100).selectExpr(f"id * {n} AS x").where(f"x % 7 = {n % 7}")
+        assert rows.groupBy(F.col("x") % 3).count().count() >= 1
+        return compilations.getCount() - before
+
+    with contract("the setting spark.sql.codegen.factoryMode", "pyspark"):
+        with round_session(spark, own=True, small=True) as small:
+            compiled(small, 1_000_003)  # its first query may compile what every query shares
+            assert compiled(small, 1_000_033) == 0
+            with pytest.raises(Exception, match="NO_CODEGEN"):
+                small.conf.set("spark.sql.codegen.factoryMode", "EVERY_OTHER")
+    with round_session(spark, own=True) as other:
+        assert other is not small
+        assert compiled(other, 1_000_037) > 0
+
+
+@pytest.mark.spark
+def test_tables_made_through_sparks_catalog_api_are_the_ones_create_table_makes(spark, settings):
+    """`compat.create_tables` against Spark's own `CREATE TABLE IF NOT EXISTS`: the same
+    columns (names, types, field ids, nullability) and properties; a table that exists is left
+    as it is, rows and all."""
+    from iceberg.catalog import load_catalog
+
+    ns, columns = settings.catalog.namespace, "`_key` string, `v.w` bigint not null, `at` timestamp"
+    properties = {"format-version": "3", "write.merge.mode": "merge-on-read"}
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{ns}")
+    spark.sql(
+        f"CREATE TABLE {settings.catalog.name}.{ns}.by_sql ({columns}) USING iceberg "
+        "TBLPROPERTIES ('format-version'='3', 'write.merge.mode'='merge-on-read')"
+    )
+    spark.sql(f"INSERT INTO {settings.catalog.name}.{ns}.by_sql VALUES ('a', 1, null)")
+    with contract("SparkSession._jsparkSession, SparkContext._jvm", "pyspark"):
+        made = {f"{ns}.by_api": columns, f"{ns}.by_sql": "x int"}
+        compat.create_tables(spark, settings.catalog.name, made, properties)
+    catalog = load_catalog(settings)
+    by_sql, by_api = catalog.load_table(f"{ns}.by_sql"), catalog.load_table(f"{ns}.by_api")
+    assert by_api.schema() == by_sql.schema()
+    assert [f.required for f in by_api.schema().fields] == [False, True, False]
+    assert by_api.format_version == by_sql.format_version == 3
+    assert {k: v for k, v in by_api.properties.items() if k != "owner"} == {
+        k: v for k, v in by_sql.properties.items() if k != "owner"
+    }
+    assert by_api.current_snapshot() is None
+    assert by_sql.scan().to_arrow().num_rows == 1  # left as it was
