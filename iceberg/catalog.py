@@ -111,7 +111,8 @@ class RestCatalogWithLeases(RestCatalog):
 
 
 def load_catalog(settings: Settings) -> Catalog | RestCatalogWithLeases:
-    """The pyiceberg catalog, with the namespace created if missing.
+    """The pyiceberg catalog, with the namespace created if missing (and each manifest's
+    entries read once in this process: `compat.read_manifests_once`).
 
     Raises ConfigError when the work directory cannot be written."""
     from connector.core.errors import ConfigError
@@ -125,6 +126,7 @@ def load_catalog(settings: Settings) -> Catalog | RestCatalogWithLeases:
             f"work_dir {str(settings.root)!r} cannot be written ({e.strerror or e}): set work_dir "
             "(or CDCLAKE_WORK_DIR) to a writable directory"
         ) from None
+    compat.read_manifests_once()
     catalog: Catalog | RestCatalogWithLeases
     for attempt in (1, 2):
         try:

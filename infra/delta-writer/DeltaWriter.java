@@ -2,6 +2,7 @@ package cdclake;
 
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.lang.reflect.Field;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -20,6 +21,7 @@ import org.apache.iceberg.MetricsConfig;
 import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
+import org.apache.hadoop.conf.Configuration;
 import org.apache.iceberg.Transaction;
 import org.apache.iceberg.UpdateSchema;
 import org.apache.iceberg.data.BaseDeleteLoader;
@@ -57,6 +59,11 @@ import org.apache.spark.sql.types.StructType;
  */
 public final class DeltaWriter {
   private static final ExecutorService IN_THIS_THREAD = MoreExecutors.newDirectExecutorService();
+  // Iceberg's Parquet writer makes a new Hadoop configuration for each file not written through
+  // Hadoop, and loading it parses Hadoop's default XML resources out of the jars (about 10 ms, a
+  // third of a small round's write): each data file's writer gets a copy of one loaded here
+  private static final Configuration HADOOP = loaded();
+  private static final Field WRITER_CONF = writerConf();
 
   private DeltaWriter() {}
 
@@ -172,9 +179,13 @@ public final class DeltaWriter {
   }
 
   private static DataFile writeData(Table table, EncryptedOutputFile out, StructType sparkType, List<InternalRow> rows)
-      throws IOException {
+      throws IOException, IllegalAccessException {
+    Parquet.WriteBuilder builder = Parquet.write(out);
+    if (WRITER_CONF != null) {
+      WRITER_CONF.set(builder, new Configuration(HADOOP));
+    }
     FileAppender<InternalRow> appender =
-        Parquet.write(out)
+        builder
             .schema(table.schema())
             .createWriterFunc(msg -> SparkParquetWriters.buildWriter(table.schema(), msg, sparkType))
             .setAll(table.properties())
@@ -193,6 +204,32 @@ public final class DeltaWriter {
         .withMetrics(appender.metrics())
         .withSplitOffsets(appender.splitOffsets())
         .build();
+  }
+
+  private static Configuration loaded() {
+    Configuration conf = new Configuration();
+    conf.size(); // its resources parsed now, once
+    return conf;
+  }
+
+  /**
+   * The field of Iceberg's Parquet write builder holding its Hadoop configuration, or null where
+   * it has none of that name (each writer then loads its own, as Iceberg does). A contract test
+   * (tests/iceberg/test_compat_spark.py) checks it is found in the pinned Iceberg.
+   */
+  private static Field writerConf() {
+    try {
+      Field f = Parquet.WriteBuilder.class.getDeclaredField("conf");
+      f.setAccessible(true);
+      return f.getType() == Configuration.class ? f : null;
+    } catch (ReflectiveOperationException | RuntimeException e) {
+      return null;
+    }
+  }
+
+  /** Whether each data file's writer gets a copy of one loaded Hadoop configuration. */
+  public static boolean sharesHadoopConf() {
+    return WRITER_CONF != null;
   }
 
   /** The live delete files of `snapshot` that reference the data files in `paths`. */

@@ -267,3 +267,43 @@ def test_where_the_sinks_put_a_table_is_where_pyiceberg_puts_one_created_without
     catalog.create_namespace("elsewhere", {"location": (tmp_path / "other").as_uri() + "/"})
     sinks = Sinks(catalog, "elsewhere")
     assert sinks.location("b__log") == catalog.create_table(("elsewhere", "b__log"), schema=LOG_SCHEMA).location()
+
+
+def test_a_manifests_entries_are_read_once_and_are_the_ones_pyiceberg_reads(catalog, monkeypatch):
+    """`compat.read_manifests_once`: each manifest's entries (added, existing, deleted, with
+    what they inherit from the manifest list) are pyiceberg's own, read from the file once,
+    and pyiceberg's scans read them through `ManifestFile.fetch_manifest_entry`."""
+    from pyiceberg.manifest import ManifestFile
+
+    own = compat._READ_ENTRIES  # pyiceberg's, whatever an earlier test installed
+    monkeypatch.setattr(ManifestFile, "fetch_manifest_entry", own)
+    monkeypatch.setattr(compat, "_ENTRIES", compat.LRUCache(compat.MANIFEST_ENTRIES_MAX, len))
+    schema = pa.schema([pa.field("k", pa.string()), pa.field("v", pa.int64())])
+    table = catalog.create_table("ns.entries", schema, properties={"commit.manifest.min-count-to-merge": "2"})
+    for i in range(3):
+        table.append(pa.table({"k": [f"k{i}", f"x{i}"], "v": [i, i]}, schema=schema))
+    table.delete(GreaterThan("v", 1))  # a file removed: a deleted entry
+    table = catalog.load_table("ns.entries")
+
+    def entries(read, snapshot, discard):
+        return sorted(
+            (e.status, e.snapshot_id, e.sequence_number, e.file_sequence_number, file_fields(e.data_file))
+            for m in snapshot.manifests(table.io)
+            for e in read(m, table.io, discard_deleted=discard)
+        )
+
+    want = {(s.snapshot_id, d): entries(own, s, d) for s in table.snapshots() for d in (True, False)}
+    assert any(e[0] == 2 for v in want.values() for e in v), "the history holds a deleted entry"  # DELETED = 2
+    plan = sorted(t.file.file_path for t in table.scan(row_filter=GreaterThan("v", 0)).plan_files())
+    with contract("ManifestFile.fetch_manifest_entry (what scans read entries through)", "pyiceberg"):
+        compat.read_manifests_once()
+        assert sorted(t.file.file_path for t in table.scan(row_filter=GreaterThan("v", 0)).plan_files()) == plan
+        assert len(compat._ENTRIES) > 0, "a scan read its manifests through fetch_manifest_entry"
+    for s in table.snapshots():
+        for d in (True, False):
+            assert entries(ManifestFile.fetch_manifest_entry, s, d) == want[(s.snapshot_id, d)]
+    for m in table.current_snapshot().manifests(table.io):
+        Path(m.manifest_path.removeprefix("file://")).unlink()  # read once: no longer needed
+    assert entries(ManifestFile.fetch_manifest_entry, table.current_snapshot(), True) == want[
+        (table.current_snapshot().snapshot_id, True)
+    ]
