@@ -11,6 +11,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ExecutorService;
+import org.apache.hadoop.conf.Configuration;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
 import org.apache.iceberg.DeleteFile;
@@ -21,7 +22,6 @@ import org.apache.iceberg.MetricsConfig;
 import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
-import org.apache.hadoop.conf.Configuration;
 import org.apache.iceberg.Transaction;
 import org.apache.iceberg.UpdateSchema;
 import org.apache.iceberg.data.BaseDeleteLoader;
@@ -60,8 +60,8 @@ import org.apache.spark.sql.types.StructType;
 public final class DeltaWriter {
   private static final ExecutorService IN_THIS_THREAD = MoreExecutors.newDirectExecutorService();
   // Iceberg's Parquet writer makes a new Hadoop configuration for each file not written through
-  // Hadoop, and loading it parses Hadoop's default XML resources out of the jars (about 10 ms, a
-  // third of a small round's write): each data file's writer gets a copy of one loaded here
+  // Hadoop, and loading it parses Hadoop's default XML resources out of the jars (about 10 ms a
+  // file): each data file's writer gets a copy of one loaded here
   private static final Configuration HADOOP = loaded();
   private static final Field WRITER_CONF = writerConf();
 

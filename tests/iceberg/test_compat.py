@@ -304,6 +304,7 @@ def test_a_manifests_entries_are_read_once_and_are_the_ones_pyiceberg_reads(cata
             assert entries(ManifestFile.fetch_manifest_entry, s, d) == want[(s.snapshot_id, d)]
     for m in table.current_snapshot().manifests(table.io):
         Path(m.manifest_path.removeprefix("file://")).unlink()  # read once: no longer needed
-    assert entries(ManifestFile.fetch_manifest_entry, table.current_snapshot(), True) == want[
-        (table.current_snapshot().snapshot_id, True)
-    ]
+    assert (
+        entries(ManifestFile.fetch_manifest_entry, table.current_snapshot(), True)
+        == want[(table.current_snapshot().snapshot_id, True)]
+    )
