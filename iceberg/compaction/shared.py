@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from functools import reduce
@@ -240,6 +240,7 @@ def compact_tables(
     started = time.monotonic()
     planned: list[tuple[Round, bool]] = []
     shares: dict[int, Share] = {}
+    finishing: dict[int, Future[CompactionReport]] = {}  # by the round's id
     reports = []
     with releasing_checkpoints(spark), ThreadPoolExecutor(workers, thread_name_prefix="cdclake-round") as pool:
         try:
@@ -260,15 +261,18 @@ def compact_tables(
                         why = f"{type(e).__name__}: {e}"
                         log.warning("shared read of %d rounds failed (%s): each reads alone", len(chunk), why)
             times.append(time.monotonic() - started - sum(times))
-            for r, finished in [(r, pool.submit(finish, r, shares.get(id(r)))) for r, _ in planned]:
+            for r, _ in planned:
+                finishing[id(r)] = pool.submit(finish, r, shares.get(id(r)))
+            for r, _ in planned:
                 try:
-                    reports.append(finished.result())
+                    reports.append(finishing[id(r)].result())
                 except Exception as e:  # noqa: BLE001 - reported with its table after the pass
                     failures[r.names.state] = e
         except BaseException:  # interrupted: no planned round keeps its table's lease
-            for r, _ in planned:
-                assert r.step.lease is not None
-                r.step.lease.release()
+            for r, _ in planned:  # one whose finish started releases its own (the rest never start)
+                if id(r) not in finishing or finishing[id(r)].cancel():
+                    assert r.step.lease is not None
+                    r.step.lease.release()
             raise
     times.append(time.monotonic() - started - sum(times))
     log.info("pass of %d rounds: planned in %.2f s, read together in %.2f s, finished in %.2f s", len(due), *times)

@@ -307,6 +307,44 @@ def test_an_interrupted_pass_keeps_no_lease(spark, settings, monkeypatch):
         assert_matches_model(s, t, events, [len(events)], "source")
 
 
+def test_a_pass_interrupted_in_a_later_set_or_in_a_rounds_write_keeps_no_lease(spark, settings, monkeypatch):
+    """Small rounds are read in sets (two tables a set here). A pass interrupted in its second
+    set's read, or in one round's write while the others wait or write, leaves every lease
+    free; the next pass compacts every table to the model."""
+    from iceberg.compaction import job, shared
+
+    tables = ["p0", "p1", "p2", "p3", "p4"]
+    s, path = _lake(settings, tables, "sets")
+    run_ingest(s)
+    monkeypatch.setattr(shared, "GROUP_TABLES", 2)
+    read, finish, calls = shared.read_together, job.Round.finish, []
+
+    def second_interrupted(session, rounds):
+        calls.append(len(rounds))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return read(session, rounds)
+
+    def interrupted_in_p1(r):
+        if r.names.table == "p1":
+            raise KeyboardInterrupt
+        return finish(r)
+
+    catalog = load_catalog(s)
+    for patch in ((shared, "read_together", second_interrupted), (job.Round, "finish", interrupted_in_p1)):
+        monkeypatch.setattr(*patch)
+        with pytest.raises(KeyboardInterrupt):
+            run_compaction(s, force=True, now=NOW)
+        monkeypatch.setattr(shared, "read_together", read)
+        monkeypatch.setattr(job.Round, "finish", finish)
+        for t in tables:  # LeaseHeldError where a lease was kept
+            leases.acquire(catalog, names(s, t).state, "compaction").release()
+    run_compaction(s, force=True, now=NOW)  # what the interruptions left
+    events = decoded(path, s)
+    for t in tables:
+        assert_matches_model(s, t, events, [len(events)], "source")
+
+
 def test_a_table_with_events_left_dirty_is_not_quiet(spark, settings):
     """A round that leaves events dirty (younger than min_compaction_lag) does not make its
     table quiet: a later pass compacts them. After it the table is quiet, though its
