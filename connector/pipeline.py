@@ -37,7 +37,7 @@ from pyiceberg.catalog import Catalog
 from connector.debezium import Decoder
 from connector.sinks import Sinks, at_once
 from connector.sources import Source
-from iceberg import compat
+from iceberg import compat_spark
 from iceberg.layouts import DEAD_LETTERS_SUFFIX, LOG_SUFFIX
 from iceberg.leases import Lease
 from iceberg.log_writer import FileTarget, delete_data_files
@@ -178,7 +178,7 @@ def _unwrap(e: Exception) -> Exception:
     out of the Spark error that carries it; else `e` itself."""
     from connector.core import errors
 
-    raised = compat.raised_in_python_worker(e, errors.__name__)
+    raised = compat_spark.raised_in_python_worker(e, errors.__name__)
     cls = getattr(errors, raised[0], None) if raised else None
     if raised and isinstance(cls, type) and issubclass(cls, errors.ConnectorError) and cls is not errors.DecodeError:
         return cls(raised[1])
@@ -207,7 +207,7 @@ def _batch(
             copy.deepcopy(job.decoder), copy.deepcopy(sinks.positions), quotas, now, expand, targets, new_target
         )
         stage = functools.partial(write_stage, ctx)
-        groups = _merge(frame.mapInArrow(stage, compat.spark_schema(WRITTEN_SCHEMA)).collect())
+        groups = _merge(frame.mapInArrow(stage, compat_spark.spark_schema(WRITTEN_SCHEMA)).collect())
         # Sinks met for the first time: their tables are created before any of the batch's rows
         # is committed. The files were written for the table as it is created; should it be
         # otherwise (another process made it), the batch is staged again for the table as it is.

@@ -1,4 +1,5 @@
-"""Every use of what pyiceberg, PySpark and py4j do not offer as public API, in one place.
+"""Every use of what pyiceberg does not offer as public API, in one place (PySpark's and
+py4j's: `iceberg.compat_spark`).
 
 tests/iceberg/test_compat.py holds a contract test per internal used here, run on the
 installed versions (`CHECKED_AGAINST`): an upgrade that changes or removes one fails there,
@@ -14,12 +15,11 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import version
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from cachetools import LRUCache
@@ -33,9 +33,6 @@ from pyiceberg.typedef import Record
 
 if TYPE_CHECKING:
     from pyiceberg.table import DataScan, FileScanTask, Table, Transaction
-    from pyspark import SparkConf
-    from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
 # The versions the contract tests last passed on; an upgrade fails them until rechecked.
 CHECKED_AGAINST = {"pyiceberg": "0.12.0", "pyspark": "4.1.3", "py4j": "0.10.9.9"}
@@ -187,132 +184,6 @@ def is_stale_snapshot(e: BaseException) -> bool:
     """pyiceberg's error for a snapshot built on metadata that another commit (of any branch)
     moved on: a plain ValueError naming the sequence number, with no type or code of its own."""
     return isinstance(e, ValueError) and "sequence number" in str(e)
-
-
-# -- PySpark and py4j
-
-
-def jvm_started() -> bool:
-    """This process has started (or joined) Spark's JVM."""
-    from pyspark.core.context import SparkContext
-
-    return SparkContext._gateway is not None
-
-
-def start_jvm(conf: SparkConf, out: IO[bytes]) -> Any:
-    """Starts the driver's JVM with its output to `out`, for the SparkContext made next to
-    use. PySpark has no public way to redirect it: its `launch_gateway`, then what
-    `SparkContext` does with a gateway it is given (`_ensure_initialized`). The gateway."""
-    from pyspark.core.context import SparkContext
-    from pyspark.java_gateway import launch_gateway
-
-    gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})  # type: ignore[no-untyped-call]
-    SparkContext._ensure_initialized(gateway=gateway)
-    return gateway
-
-
-def spark_schema(schema: pa.Schema) -> StructType:
-    """Spark's schema of Arrow's `schema` (what `mapInArrow` gives back): PySpark converts
-    one only in a module its API reference leaves out."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(schema)
-
-
-def persisted_rdds(spark: SparkSession) -> set[int]:
-    """The ids of the RDDs persisted in the session's context (local checkpoints among them):
-    PySpark lists none, the JVM's context does (`getPersistentRDDs`, through `_jsc`)."""
-    return set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
-
-
-def unpersist_rdds(spark: SparkSession, keep: set[int]) -> None:
-    """Releases the persisted RDDs not in `keep` (without waiting for their blocks to go)."""
-    for rdd_id, rdd in spark.sparkContext._jsc.getPersistentRDDs().items():
-        if rdd_id not in keep:
-            rdd.unpersist(False)
-
-
-def _helper(spark: SparkSession, name: str) -> Any:
-    """The class `cdclake.<name>` (infra/delta-writer) in the driver's JVM, looked up by its full
-    name: py4j's `jvm.cdclake.X` looks `cdclake` up as a class first, in every jar of the class
-    path and under each package PySpark imports (0.5 ms against 0.1 ms)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    return getattr(jvm, f"cdclake.{name}")
-
-
-def delta_commit(
-    changes: DataFrame,
-    table: str,
-    keep: str,
-    held: str,
-    properties: Mapping[str, str],
-    base: int,
-    add: Mapping[str, str],
-    widen: Mapping[str, str],
-) -> None:
-    """`cdclake.DeltaWriter.commit` (infra/delta-writer) in the driver's JVM, given the frame's
-    Java dataset and session (PySpark's py4j handles `_jdf`, `_jsparkSession`, `_jvm`); the
-    column changes as lists (name, type, ...): py4j makes a dict a map without order."""
-    spark = changes.sparkSession
-    pairs = [[x for item in m.items() for x in item] for m in (add, widen)]
-    writer = _helper(spark, "DeltaWriter")
-    writer.commit(spark._jsparkSession, table, changes._jdf, keep, held, dict(properties), base, *pairs)
-
-
-def create_tables(spark: SparkSession, catalog: str, columns: Mapping[str, str], properties: Mapping[str, str]) -> None:
-    """`cdclake.Tables.create` (infra/delta-writer) in the driver's JVM: each table of
-    `columns` (`namespace.table`: its columns as DDL) that `catalog` lacks, created with
-    `properties`, as `CREATE TABLE IF NOT EXISTS` would (PySpark's py4j handles)."""
-    tables = [x for item in columns.items() for x in item]
-    _helper(spark, "Tables").create(spark._jsparkSession, catalog, tables, dict(properties))
-
-
-def in_parts(frame: DataFrame, column: str) -> Any:
-    """`cdclake.Parts.of` (infra/delta-writer): `frame`'s rows collected into the driver's JVM
-    (one job) in parts by the int `column`, each read back by `part` as a local relation of its
-    own rows (Spark's analysis walks every row a local relation holds). Through PySpark's py4j
-    handles (`_jdf`, `_jvm`); the rows never reach Python."""
-    return _helper(frame.sparkSession, "Parts").of(frame._jdf, column)
-
-
-def part(parts: Any, session: SparkSession, index: int) -> DataFrame:
-    """Part `index` of `in_parts`'s rows (without its column) as a frame of `session`."""
-    from pyspark.sql import DataFrame as Frame
-
-    return Frame(parts.part(session._jsparkSession, index), session)
-
-
-def column_seq(columns: Sequence[Column]) -> Any:
-    """`columns` as the Scala sequence the JVM's `Dataset.select` takes, for `select` to give
-    it again and again: PySpark's `select` builds one on every call (`_to_seq`: a call to the
-    JVM per column, through py4j's list conversion)."""
-    from pyspark import SparkContext
-    from pyspark.sql.classic.column import _to_seq
-
-    return _to_seq(SparkContext.getOrCreate(), [c._jc for c in columns])
-
-
-def select(frame: DataFrame, columns: Any) -> DataFrame:
-    """`frame.select(*c)` for `columns = column_seq(c)`, in one call to the JVM (`_jdf`)."""
-    from pyspark.sql import DataFrame as Frame
-
-    return Frame(frame._jdf.select(columns), frame.sparkSession)
-
-
-# -- Spark: settings
-
-# A session's queries compiled to no code: no whole-stage code generation (a public setting),
-# and every expression, projection and ordering interpreted (`factoryMode`, internal to Spark).
-NO_CODEGEN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
-
-
-def raised_in_python_worker(e: BaseException, module: str) -> tuple[str, str] | None:
-    """(class name, message) of an exception of `module` that a Spark Python worker raised,
-    out of the Spark error that carries it on the driver; else None. It arrives as text only
-    (the worker's traceback, ending `<module>.<Class>: <message>`)."""
-    m = re.search(re.escape(module) + r"\.(\w+): ([^\n]*)", str(e))
-    return (m.group(1), m.group(2)) if m else None
 
 
 class MetadataParsedOnce:

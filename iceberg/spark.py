@@ -107,9 +107,9 @@ def _launch_jvm_quietly(settings: Settings) -> None:
     exception either way."""
     from pyspark import SparkConf
 
-    from iceberg import compat
+    from iceberg import compat_spark
 
-    if compat.jvm_started() or logging.getLogger().isEnabledFor(logging.INFO):
+    if compat_spark.jvm_started() or logging.getLogger().isEnabledFor(logging.INFO):
         return
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: its JVM, its output
         return
@@ -120,7 +120,7 @@ def _launch_jvm_quietly(settings: Settings) -> None:
         conf.setMaster(settings.spark.master)
     conf.setAll(list(spark_conf(settings).items()))
     with open(path, "ab") as out:  # the JVM keeps its own descriptor
-        compat.start_jvm(conf, out)
+        compat_spark.start_jvm(conf, out)
 
 
 def get_spark(settings: Settings) -> SparkSession:
@@ -173,9 +173,9 @@ def round_session(
     call to the JVM per setting), with its jobs in a fair-scheduler pool of the thread's
     name. Sessions are kept for the next rounds (each holds its catalog's connections).
     With `small` (a shared read and the rounds it read, always in a session of their own),
-    the session compiles no code for its queries (`compat.NO_CODEGEN`): their rows are few,
+    the session compiles no code for its queries (`compat_spark.NO_CODEGEN`): their rows are few,
     and compiling each query's code cost more than it saved (docs/performance.md)."""
-    from iceberg import compat
+    from iceberg import compat_spark
 
     if not own and not small:
         yield spark
@@ -189,7 +189,7 @@ def round_session(
         session = spark.newSession()
         _HELD[id(session)] = session.conf.getAll  # not `SET`, whose values of secret keys are redacted
     held = _HELD[id(session)]
-    wanted = (spark.conf.getAll if conf is None else conf) | (compat.NO_CODEGEN if small else {})
+    wanted = (spark.conf.getAll if conf is None else conf) | (compat_spark.NO_CODEGEN if small else {})
     for k, v in wanted.items():
         if held.get(k) != v:
             session.conf.set(k, v)

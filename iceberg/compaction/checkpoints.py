@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
-from iceberg import compat
+from iceberg import compat_spark
 
 
 class _Rounds:
@@ -28,7 +28,7 @@ def releasing_checkpoints(spark: SparkSession) -> Iterator[None]:
     other code persists in the same session while a round runs is released with them."""
     with _Rounds.lock:
         if not _Rounds.running:
-            _Rounds.before = compat.persisted_rdds(spark)
+            _Rounds.before = compat_spark.persisted_rdds(spark)
         _Rounds.running += 1
     try:
         yield
@@ -36,4 +36,4 @@ def releasing_checkpoints(spark: SparkSession) -> Iterator[None]:
         with _Rounds.lock:
             _Rounds.running -= 1
             if not _Rounds.running:
-                compat.unpersist_rdds(spark, keep=_Rounds.before)
+                compat_spark.unpersist_rdds(spark, keep=_Rounds.before)

@@ -66,6 +66,7 @@ class RoundCommits:
         # cleaner points, as the plan found them (only the round, which holds the lease, writes
         # them until it ends)
         self.holding: list[str] = []
+        self.held_count: int | None = None  # the rows they hold (None: not known)
         self.marker: Truncate | None = None
         self.points: dict[str, int] = {}
         self.held_rows: DataFrame | None = None

@@ -42,7 +42,7 @@ from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.commits import RoundCommits
 from iceberg.compaction.policy import CompactionPolicy, plan
 from iceberg.compaction.quiet import left_dirty, seen_entries
-from iceberg.compaction.report import CompactionReport, holds_rows, range_filter, round_truncates
+from iceberg.compaction.report import CompactionReport, holds_rows, range_filter, round_truncates, total_rows
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional, stream_stats, sum_streams
 from iceberg.layouts import TableNames, has_position_text
 from iceberg.summary_keys import TRUNCATE
@@ -130,6 +130,9 @@ class Round(RoundCommits):
         tables = {t: load_optional(self.catalog, t) for t in (names.state, names.tombstones)}
         self.bytes = {t: held_bytes(table) for t, table in tables.items()}
         self.holding = [t for t, table in tables.items() if table is not None and holds_rows(table)]
+        # what its tables hold, by their summaries (None: one does not say)
+        counts = [total_rows(table) for table in tables.values() if table is not None]
+        self.held_count = None if None in counts else sum(c or 0 for c in counts)
         for t, table in tables.items():
             snapshot = table.current_snapshot() if table is not None else None
             self.based[t] = snapshot.snapshot_id if snapshot is not None else None

@@ -65,9 +65,18 @@ def has_rows(catalog: Catalog, name: str) -> bool:
 
 def holds_rows(table: Table) -> bool:
     """Whether the table's current snapshot holds rows (its summary's total, no file read)."""
+    rows = total_rows(table)
+    return rows is None or rows > 0
+
+
+def total_rows(table: Table) -> int | None:
+    """The rows the table's current snapshot holds, by its summary (0 without a snapshot or
+    summary; None where the summary does not say)."""
     snapshot = table.current_snapshot()
-    summary = snapshot.summary if snapshot is not None else None
-    return summary is not None and int(summary.additional_properties.get("total-records", 1)) > 0
+    if snapshot is None or snapshot.summary is None:
+        return 0
+    total = snapshot.summary.additional_properties.get("total-records")
+    return None if total is None else int(total)
 
 
 def expired_by(now: datetime) -> BooleanExpression:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from iceberg import compat
+from iceberg import compat_spark
 from iceberg.layouts import META_COLUMNS, STALE_COLUMNS, TOMBSTONE_EXTRA, TableNames
 
 log = logging.getLogger(__name__)
@@ -112,12 +112,12 @@ def existing_columns(spark: SparkSession, table: str) -> dict[str, str]:
 
 def ensure_tables(spark: SparkSession, names: TableNames) -> None:
     """The state, tombstones and stale events tables, each created where it does not exist
-    (`CREATE TABLE IF NOT EXISTS`, through Spark's catalog API: `compat.create_tables`)."""
+    (`CREATE TABLE IF NOT EXISTS`, through Spark's catalog API: `compat_spark.create_tables`)."""
     meta = ", ".join(f"{quote(n)} {t}" for n, t in META_COLUMNS)
     extra = ", ".join(f"{quote(n)} {t}" for n, t in TOMBSTONE_EXTRA)
     stale = ", ".join(f"{quote(n)} {t}" for n, t in STALE_COLUMNS)
     columns = {names.state: meta, names.tombstones: f"{meta}, {extra}", names.stale: stale}
-    compat.create_tables(spark, names.catalog, columns, TABLE_PROPERTIES)
+    compat_spark.create_tables(spark, names.catalog, columns, TABLE_PROPERTIES)
 
 
 def evolve(spark: SparkSession, names: TableNames, plan: ColumnPlan) -> None:

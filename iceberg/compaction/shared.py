@@ -29,7 +29,7 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from iceberg import compat, leases
+from iceberg import compat_spark, leases
 from iceberg.columns import once_per_context
 from iceberg.compaction import dedupe, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
@@ -41,6 +41,9 @@ from iceberg.layouts import TableNames
 log = logging.getLogger("iceberg.compaction.job")
 GROUP_TABLES = 50  # rounds read in one shared job at most
 READ_CHUNKS = 4  # the shared read's queries: its tables in this many chunks, read at once
+# A round whose state and tombstones hold at most this many rows reads its tables in the
+# driver's JVM (`compat_spark.jvm_reads`: no Spark scan per table; the rows read one at a time)
+JVM_ROWS = 100_000
 
 
 def _table() -> Column:
@@ -48,10 +51,15 @@ def _table() -> Column:
     return F.substring_index(F.col("_key"), "/", 1).cast("int")
 
 
+def _prefix(i: int) -> str:
+    """What the keys of the table of index `i` in its group are prefixed with."""
+    return f"{i}/"
+
+
 @once_per_context
 def _prefixed(i: int) -> Column:
     """The key prefixed with the table's index in its group (`i/`)."""
-    return F.concat(F.lit(f"{i}/"), F.col("_key"))
+    return F.concat(F.lit(_prefix(i)), F.col("_key"))
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:
@@ -68,6 +76,12 @@ def _own_keys(rows: DataFrame) -> DataFrame:
     return rows.withColumn("_key", F.expr("substr(_key, instr(_key, '/') + 1)"))
 
 
+def readable_in_jvm(r: Round) -> bool:
+    """Whether a shared read takes the round's rows in the driver's JVM: its tables hold at most
+    `JVM_ROWS` rows by their summaries, each with the position's text."""
+    return r.held_count is not None and r.held_count <= JVM_ROWS and all(r.texts[t] for t in r.holding)
+
+
 def shareable(r: Round) -> bool:
     """A planned round that `read_together` can read: events to compact, at most
     `small_round` of them, and no truncate among them or before them (the table's marker)."""
@@ -82,7 +96,7 @@ def shareable(r: Round) -> bool:
 @dataclass(frozen=True)
 class Share:
     """A round's part of a shared read: its rows of the changes and of the stale events (None
-    without stale events), held in the driver's JVM by table (`compat.in_parts`), by its
+    without stale events), held in the driver's JVM by table (`compat_spark.in_parts`), by its
     `index` in the group."""
 
     changes: Any
@@ -93,9 +107,10 @@ class Share:
     def give(self, r: Round, session: SparkSession) -> None:
         """Sets what `Round.read` would on `r`, as frames of `session` (its round's own)."""
         r.spark = session
-        r.changes, r.carried = compat.part(self.changes, session, self.index), True  # with the rows their keys held
+        # with the rows their keys held
+        r.changes, r.carried = compat_spark.part(self.changes, session, self.index), True
         if self.stale is not None and self.reasons:
-            r.note_stale(self.reasons, compat.part(self.stale, session, self.index))
+            r.note_stale(self.reasons, compat_spark.part(self.stale, session, self.index))
 
 
 def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
@@ -115,13 +130,33 @@ def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
         ]
         return winners.log_candidates(dirty, payload=True, key=_prefixed(i)), rows
 
+    def in_jvm(indexes: list[int]) -> tuple[DataFrame, list[DataFrame]]:
+        """The dirty events of the rounds `indexes` and the rows their tables hold for their
+        keys, read in the driver's JVM (`compat_spark.jvm_reads`), their keys prefixed."""
+        rs = [rounds[i] for i in indexes]
+        ranges = [[x for c in r.report.ranges for x in (c.topic, c.partition, c.start, c.end)] for r in rs]
+        events, held = compat_spark.jvm_reads(
+            spark,
+            [r.names.spark(r.names.log) for r in rs],
+            [_prefix(i) for i in indexes],
+            ranges,
+            [log for log, _ in winners.LOG_CANDIDATES],
+        )
+        found = []
+        for tables, op in (([r.names.state for r in rs], None), ([r.names.tombstones for r in rs], "d")):
+            rows = held([r.names.spark(t) if t in r.holding else None for r, t in zip(rs, tables)], winners.HELD_READS)
+            if rows is not None:
+                found.append(winners.held(rows, op, text=True, at=True))
+        return winners.log_candidates(events, payload=True), found
+
     many = sum(r.report.events for r in rounds) > BROADCAST_ROUND
 
     def read(chunk: list[int]) -> tuple[DataFrame, DataFrame | None]:
         """The dirty events of the rounds `chunk` (their indexes) in one query, then the rows
         their tables hold for their keys in one semi-join, each read into the driver's memory
         by one task (a union of the tables' scans is otherwise a task or more per table)."""
-        built = [frames(i, rounds[i]) for i in chunk]
+        jvm = [i for i in chunk if readable_in_jvm(rounds[i])]
+        built = [frames(i, rounds[i]) for i in chunk if i not in jvm] + ([in_jvm(jvm)] if jvm else [])
         events = _union([e for e, _ in built]).coalesce(1).localCheckpoint(eager=True)
         held = [h for _, hs in built for h in hs]
         if not held:
@@ -166,9 +201,9 @@ def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
         rows = writes.stale_rows([ranked], rounds[0].now).withColumn("_table", _table()).localCheckpoint(eager=True)
         for i, reason, n in rows.groupBy("_table", "reason").count().collect():
             reasons.setdefault(i, {})[reason] = n
-        stale_parts = compat.in_parts(_own_keys(rows), "_table")
+        stale_parts = compat_spark.in_parts(_own_keys(rows), "_table")
     # held in the driver's JVM: each round's writes take their part with no Spark job
-    changes_parts = compat.in_parts(_own_keys(changes), "_table")
+    changes_parts = compat_spark.in_parts(_own_keys(changes), "_table")
     shares = {}
     for i, r in enumerate(rounds):  # no Spark job from here: a failure above leaves every round as it was
         c = counts.get(i)

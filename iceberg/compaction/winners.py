@@ -11,10 +11,10 @@ from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F
 
 from connector.core.ordering import Ordering, Truncate
-from iceberg import compat
+from iceberg import compat_spark
 from iceberg.columns import once_per_context
 from iceberg.compaction import dedupe
-from iceberg.layouts import POSITION_TEXT
+from iceberg.layouts import POSITION_TEXT, meta_names
 
 BROADCAST_WINNERS = 2_000_000  # winner ids (~50 bytes each) sent to every task to fetch their payload
 
@@ -32,29 +32,28 @@ def log_candidates(dirty: DataFrame, payload: bool = False, key: Column | None =
     """The dirty events as candidates; without `payload`, `_after` and `_after_types` null
     until `with_payload`; `key`: their `_key`, of the event's own (`_key`; default that)."""
     events, columns = _candidate_columns(payload)
-    candidates = compat.select(dirty.where(events), columns)
+    candidates = compat_spark.select(dirty.where(events), columns)
     return candidates if key is None else candidates.withColumn("_key", key)
+
+
+# The log's columns that are candidates' (log name, candidate name), the payload's last
+LOG_CANDIDATES = [
+    *[(_LOG_NAMES.get(c, c[1:]), c) for c in dedupe.CANDIDATE_COLUMNS if c[1:] not in (*_PAYLOAD, "held")],
+    *[(c, "_" + c) for c in _PAYLOAD],
+]
 
 
 @once_per_context
 def _candidate_columns(payload: bool) -> tuple[Column, Any]:
-    """`log_candidates`' filter (no truncate) and its columns (`compat.column_seq`)."""
+    """`log_candidates`' filter (no truncate) and its columns (`compat_spark.column_seq`)."""
     columns = [
-        F.col("key").alias("_key"),
-        F.col("topic").alias("_topic"),
-        F.col("partition").alias("_partition_id"),
-        F.col("offset").alias("_offset"),
-        F.col("sequence_number").alias("_sequence_number"),
-        F.col("enqueued_time").alias("_enqueued_time"),
-        F.col("op").alias("_op"),
-        F.col("snapshot").alias("_snapshot"),
-        F.col("source_ts_ms").alias("_source_ts"),
-        F.col("source_position").alias("_source_position"),
-        F.col("payload_bytes").alias("_payload_bytes"),
-        *[(F.col(c) if payload else F.lit(None).cast("string")).alias("_" + c) for c in _PAYLOAD],
+        *[
+            (F.col(log) if payload or log not in _PAYLOAD else F.lit(None).cast("string")).alias(c)
+            for log, c in LOG_CANDIDATES
+        ],
         F.lit(False).alias("_held"),
     ]
-    return F.col("op") != "t", compat.column_seq(columns)
+    return F.col("op") != "t", compat_spark.column_seq(columns)
 
 
 def with_payload(winners: DataFrame, dirty: DataFrame, broadcast: bool) -> DataFrame:
@@ -191,19 +190,23 @@ def held(table: DataFrame, op: str | None, *, text: bool, at: bool = False, key:
     Iceberg's `_file` and `_pos`), so that a round can remove it without a MERGE
     (`writes.commit_delta`); `key`: their `_key`, of the row's own (`_key`; default that).
     `table` must be the table itself, not a frame over it (its metadata columns are the
-    table's)."""
-    rows = compat.select(table, _held_columns(op, at, text))
+    table's), or a frame with `_file` and `_pos` where `at` (`compat_spark.jvm_reads`)."""
+    rows = compat_spark.select(table, _held_columns(op, at, text))
     return rows if key is None else rows.withColumn("_key", key)
 
 
 def positions(rows: DataFrame, at: bool) -> DataFrame:
     """`held`'s rows (with `_at` where `at`) as candidates, their source position the list."""
-    return compat.select(rows, _position_columns(at))
+    return compat_spark.select(rows, _position_columns(at))
+
+
+# The columns of a state or tombstone table with the position's text that `held` reads
+HELD_READS = [c for c in meta_names(True) if c != "_source_position"]
 
 
 @once_per_context
 def _held_columns(op: str | None, at: bool, text: bool) -> Any:
-    """`held`'s columns (`dedupe.CANDIDATE_COLUMNS` and the position's text; `compat.column_seq`)."""
+    """`held`'s columns (`dedupe.CANDIDATE_COLUMNS` and the position's text; `compat_spark.column_seq`)."""
     given = {
         "_op": F.lit(op) if op else F.col("_op"),
         "_after": F.lit(None).cast("string"),
@@ -213,7 +216,7 @@ def _held_columns(op: str | None, at: bool, text: bool) -> Any:
     }
     columns = [given.get(c, F.col(c)).alias(c) for c in dedupe.CANDIDATE_COLUMNS]
     position = F.col(POSITION_TEXT) if text else F.lit(None).cast("string").alias(POSITION_TEXT)
-    return compat.column_seq([*columns, position, *([F.struct("_file", "_pos").alias("_at")] if at else [])])
+    return compat_spark.column_seq([*columns, position, *([F.struct("_file", "_pos").alias("_at")] if at else [])])
 
 
 @once_per_context
@@ -221,4 +224,4 @@ def _position_columns(at: bool) -> Any:
     """`positions`' columns."""
     position = F.coalesce(F.col("_source_position"), dedupe.position_from_text(F.col(POSITION_TEXT)))
     columns = [position.alias(c) if c == "_source_position" else F.col(c) for c in dedupe.CANDIDATE_COLUMNS]
-    return compat.column_seq([*columns, *([F.col("_at")] if at else [])])
+    return compat_spark.column_seq([*columns, *([F.col("_at")] if at else [])])

@@ -14,7 +14,7 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from iceberg import compat
+from iceberg import compat_spark
 from iceberg.columns import once_per_context
 from iceberg.compaction import schema
 from iceberg.compaction.dedupe import HELD_COLUMNS, position_text
@@ -75,13 +75,13 @@ def commit_delta(
     its plan, scan and join, and with the `columns` plan's new and widened columns (no schema
     change of its own). It fails if another writer changed the table since `base`."""
     add, widen = (columns.add, columns.widen) if columns is not None else ({}, {})
-    compat.delta_commit(changes, table, keep, held, properties, -1 if base is None else base, add, widen)
+    compat_spark.delta_commit(changes, table, keep, held, properties, -1 if base is None else base, add, widen)
 
 
 def state_source(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
     """The changes as rows of the state: its meta columns, its data `columns` (name: type)
     from the after-image, the action and the rows their keys held."""
-    return compat.select(changes, _state_columns(tuple(columns.items()), _held(changes)))
+    return compat_spark.select(changes, _state_columns(tuple(columns.items()), _held(changes)))
 
 
 @once_per_context
@@ -91,7 +91,7 @@ def _state_columns(columns: tuple[tuple[str, str], ...], held: tuple[str, ...]) 
     for col, t in columns:
         raw = after.getItem(col)
         data.append((F.unbase64(raw) if t == "binary" else raw.cast(t)).alias(col))
-    return compat.column_seq([*_meta(), *data, *map(F.col, ("_action", *held))])
+    return compat_spark.column_seq([*_meta(), *data, *map(F.col, ("_action", *held))])
 
 
 def _meta() -> list[Column]:
@@ -108,13 +108,13 @@ def _held(changes: DataFrame) -> tuple[str, ...]:
 def tombstone_source(changes: DataFrame, now: datetime, retention: int) -> DataFrame:
     """The changes as rows of the tombstones: a delete's own, deleted `now` and expiring
     `retention` seconds later; any other change's without them (its key's tombstone goes)."""
-    return compat.select(changes, _tombstone_columns(now, retention, _held(changes)))
+    return compat_spark.select(changes, _tombstone_columns(now, retention, _held(changes)))
 
 
 @once_per_context
 def _tombstone_columns(now: datetime, retention: int, held: tuple[str, ...]) -> Any:
     deleted, ts = F.col("_action") == "delete", F.lit(now)
-    return compat.column_seq(
+    return compat_spark.column_seq(
         [
             *_meta(),
             F.when(deleted, ts).alias("deleted_at"),

@@ -3,6 +3,7 @@ package cdclake;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.Callable;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
 import org.apache.spark.sql.connector.catalog.Column;
@@ -31,13 +32,24 @@ public final class Tables {
   public static void create(
       SparkSession spark, String catalog, List<String> tables, Map<String, String> properties)
       throws Exception {
-    // the catalog's settings are those of the active session (a statement sets it, this call
-    // runs in a thread that may have none or another)
+    inSession(
+        spark,
+        () -> {
+          create((TableCatalog) spark.sessionState().catalogManager().catalog(catalog), tables, properties);
+          return null;
+        });
+  }
+
+  /**
+   * {@code work}'s result, run with {@code spark} the active session: a catalog's settings are
+   * those of the active session (a statement sets it; a call from Python runs in a thread that
+   * may have none or another).
+   */
+  static <T> T inSession(SparkSession spark, Callable<T> work) throws Exception {
     Option<SparkSession> active = SparkSession.getActiveSession();
     SparkSession.setActiveSession(spark);
     try {
-      TableCatalog target = (TableCatalog) spark.sessionState().catalogManager().catalog(catalog);
-      create(target, tables, properties);
+      return work.call();
     } finally {
       if (active.isDefined()) {
         SparkSession.setActiveSession(active.get());

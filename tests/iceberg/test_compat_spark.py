@@ -1,4 +1,4 @@
-"""Contract tests of `iceberg/compat.py` on PySpark and py4j: each internal it uses, on the
+"""Contract tests of `iceberg/compat_spark.py` on PySpark and py4j: each internal it uses, on the
 installed (pinned) versions (`test_compat.py` holds pyiceberg's and says what a failure means)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from connector.core.errors import SourceError
 from connector.stage import WRITTEN_SCHEMA
-from iceberg import compat
+from iceberg import compat, compat_spark
 from iceberg.spark import DEFAULT_JARS_DIR
 from tests.iceberg.test_compat import contract
 
@@ -32,32 +32,32 @@ def test_an_arrow_schema_is_sparks_schema_of_the_same_columns():
     arrow = pa.schema([pa.field(str(i), t, nullable=bool(i % 2)) for i, t in enumerate(types)])
     want = StructType([StructField(str(i), t, nullable=bool(i % 2)) for i, t in enumerate(types.values())])
     with contract("sql.pandas.types.from_arrow_schema", "pyspark"):
-        assert compat.spark_schema(arrow) == want
+        assert compat_spark.spark_schema(arrow) == want
 
 
 @pytest.mark.spark
 def test_persisted_rdds_are_listed_and_released_through_the_jvm_context(spark):
     with contract("SparkContext._jsc.getPersistentRDDs", "pyspark"):
-        before = compat.persisted_rdds(spark)
+        before = compat_spark.persisted_rdds(spark)
         spark.range(10).localCheckpoint(eager=True)
-        made = compat.persisted_rdds(spark) - before
+        made = compat_spark.persisted_rdds(spark) - before
         assert made, "a local checkpoint is a persisted RDD"
-        compat.unpersist_rdds(spark, keep=before)
-        assert compat.persisted_rdds(spark) == before
+        compat_spark.unpersist_rdds(spark, keep=before)
+        assert compat_spark.persisted_rdds(spark) == before
 
 
 @pytest.mark.spark
 def test_a_sequence_of_columns_built_once_selects_as_pysparks_select_in_any_session(spark):
-    """`compat.column_seq` and `compat.select`: the same rows and names as PySpark's `select`
+    """`compat_spark.column_seq` and `compat_spark.select`: the same rows and names as PySpark's `select`
     of those columns, again and again, from a frame of another session too."""
     from pyspark.sql import functions as F
 
     with contract("pyspark.sql.classic.column._to_seq, DataFrame._jdf.select", "pyspark"):
         columns = [F.col("id").alias("a"), (F.col("id") * 2).alias("b"), F.lit("x").alias("c")]
-        seq = compat.column_seq(columns)
+        seq = compat_spark.column_seq(columns)
         for session in (spark, spark.newSession()):
             frame = session.range(3)
-            got = compat.select(frame, seq)
+            got = compat_spark.select(frame, seq)
             assert got.columns == ["a", "b", "c"]
             assert got.collect() == frame.select(*columns).collect() == [(i, 2 * i, "x") for i in range(3)]
             assert got.sparkSession is session
@@ -65,7 +65,7 @@ def test_a_sequence_of_columns_built_once_selects_as_pysparks_select_in_any_sess
 
 @pytest.mark.spark
 def test_frames_reach_the_delta_writer_which_fails_where_another_writer_committed_since_its_base(spark, settings):
-    """`compat.delta_commit` hands the changes to infra/delta-writer in the JVM: the rows whose
+    """`compat_spark.delta_commit` hands the changes to infra/delta-writer in the JVM: the rows whose
     action is kept are added, and every row a changed key held is removed by its position. The
     write validates from the snapshot those positions were read at, so a writer that lost its
     lease cannot remove or add rows over another's commit, nor change the columns. Columns
@@ -86,12 +86,13 @@ def test_frames_reach_the_delta_writer_which_fails_where_another_writer_committe
     )
     add, widen = {"w": "string", "z.y": "double"}, {"i": "bigint"}
     with pytest.raises(Exception, match="conflicting files"):
-        compat.delta_commit(changes, table, "upsert", "_held", {"k": "v"}, base, add, widen)
+        compat_spark.delta_commit(changes, table, "upsert", "_held", {"k": "v"}, base, add, widen)
     assert sorted(map(tuple, spark.table(table).collect())) == [("a", 1, 1), ("b", 2, 2), ("c", 3, 3)]
     snapshots = f"SELECT count(*) FROM {table}.snapshots"
     now, count = spark.sql(f"SELECT max_by(snapshot_id, committed_at), count(*) FROM {table}.snapshots").first()
     with contract("DataFrame._jdf, SparkSession._jsparkSession, SparkContext._jvm", "pyspark"):
-        compat.delta_commit(changes, table, "upsert", "_held", {"k": "v"}, now, add, widen)  # read again, it commits
+        # read again, it commits
+        compat_spark.delta_commit(changes, table, "upsert", "_held", {"k": "v"}, now, add, widen)
     assert spark.sql(snapshots).first()[0] == count + 1
     assert spark.table(table).dtypes == [
         ("_key", "string"),
@@ -107,7 +108,8 @@ def test_frames_reach_the_delta_writer_which_fails_where_another_writer_committe
     latest = f"SELECT snapshot_id, summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1"
     now, summary = spark.sql(latest).first()
     assert summary["k"] == "v" and int(summary["added-dvs"]) >= 1
-    compat.delta_commit(changes.limit(0), table, "upsert", "_held", {"k": "w"}, now, {}, {})  # nothing: a snapshot
+    # nothing: a snapshot
+    compat_spark.delta_commit(changes.limit(0), table, "upsert", "_held", {"k": "w"}, now, {}, {})
     assert spark.sql(latest).first()[1]["k"] == "w"
     assert len(spark.table(table).collect()) == 2
 
@@ -120,7 +122,7 @@ def test_the_delta_writers_data_files_copy_one_loaded_hadoop_configuration(spark
     Where the field is gone the writer falls back to Iceberg's own (the test above still
     writes), and this test says so."""
     jar = next(DEFAULT_JARS_DIR.glob("iceberg-spark-runtime-*.jar")).name
-    assert compat._helper(spark, "DeltaWriter").sharesHadoopConf(), (
+    assert compat_spark._helper(spark, "DeltaWriter").sharesHadoopConf(), (
         f"org.apache.iceberg.parquet.Parquet$WriteBuilder of {jar} has no Configuration field named conf: "
         "adapt infra/delta-writer/DeltaWriter.java (writerConf) before upgrading"
     )
@@ -136,7 +138,7 @@ def test_a_python_workers_error_reaches_the_driver_with_its_class_and_message(sp
     with contract("the text of a Python worker's error (PythonException)", "pyspark"):
         with pytest.raises(Exception) as raised:
             spark.range(1).mapInArrow(fail, "id long").collect()
-        assert compat.raised_in_python_worker(raised.value, "connector.core.errors") == (
+        assert compat_spark.raised_in_python_worker(raised.value, "connector.core.errors") == (
             "SourceError",
             "offsets [0, 5) of t:0 cannot be read: gone",
         ), str(raised.value)[-2000:]
@@ -145,18 +147,18 @@ def test_a_python_workers_error_reaches_the_driver_with_its_class_and_message(sp
 @pytest.mark.spark
 def test_the_jvm_started_with_its_output_redirected_is_the_one_spark_uses(spark, tmp_path):
     """In a process of its own: this one's JVM is running already."""
-    assert compat.jvm_started()
+    assert compat_spark.jvm_started()
     log = tmp_path / "jvm.log"
     script = textwrap.dedent(
         f"""
         from pyspark import SparkConf, SparkContext
-        from iceberg import compat
+        from iceberg import compat_spark
 
-        assert not compat.jvm_started()
+        assert not compat_spark.jvm_started()
         conf = SparkConf(loadDefaults=False).setAppName("compat").setMaster("local[1]")
         with open({str(log)!r}, "ab") as out:
-            gateway = compat.start_jvm(conf, out)
-        assert compat.jvm_started()
+            gateway = compat_spark.start_jvm(conf, out)
+        assert compat_spark.jvm_started()
         gateway.jvm.System.out.println("from the jvm")
         gateway.jvm.System.out.flush()
         sc = SparkContext(conf=conf)
@@ -173,7 +175,7 @@ def test_the_jvm_started_with_its_output_redirected_is_the_one_spark_uses(spark,
 
 @pytest.mark.spark
 def test_a_shared_reads_session_compiles_no_code_for_its_queries(spark):
-    """`compat.NO_CODEGEN` in the sessions `round_session(small=True)` gives, told by Spark's
+    """`compat_spark.NO_CODEGEN` in the sessions `round_session(small=True)` gives, told by Spark's
     own count of compilations (`CodegenMetrics`, through the JVM); a round's other session
     compiles its query. `factoryMode` is internal to Spark: it exists with its options."""
     from pyspark.sql import functions as F
@@ -202,7 +204,7 @@ def test_a_shared_reads_session_compiles_no_code_for_its_queries(spark):
 
 @pytest.mark.spark
 def test_tables_made_through_sparks_catalog_api_are_the_ones_create_table_makes(spark, settings):
-    """`compat.create_tables` against Spark's own `CREATE TABLE IF NOT EXISTS`: the same
+    """`compat_spark.create_tables` against Spark's own `CREATE TABLE IF NOT EXISTS`: the same
     columns (names, types, field ids, nullability) and properties; a table that exists is left
     as it is, rows and all."""
     from iceberg.catalog import load_catalog
@@ -217,7 +219,7 @@ def test_tables_made_through_sparks_catalog_api_are_the_ones_create_table_makes(
     spark.sql(f"INSERT INTO {settings.catalog.name}.{ns}.by_sql VALUES ('a', 1, null)")
     with contract("SparkSession._jsparkSession, SparkContext._jvm", "pyspark"):
         made = {f"{ns}.by_api": columns, f"{ns}.by_sql": "x int"}
-        compat.create_tables(spark, settings.catalog.name, made, properties)
+        compat_spark.create_tables(spark, settings.catalog.name, made, properties)
     catalog = load_catalog(settings)
     by_sql, by_api = catalog.load_table(f"{ns}.by_sql"), catalog.load_table(f"{ns}.by_api")
     assert by_api.schema() == by_sql.schema()

@@ -8,6 +8,7 @@ import json
 import tempfile
 from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given
@@ -264,11 +265,15 @@ def assert_matches_model(s, table: str, events: list, bounds: list[int], orderin
     streams=st.lists(st.lists(event, min_size=1, max_size=12), min_size=2, max_size=4),
     cuts=st.lists(st.integers(1, 50), max_size=3),
     ordering=st.sampled_from(["source", "log"]),
+    in_jvm=st.booleans(),
 )
-def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams, cuts, ordering):
+def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams, cuts, ordering, in_jvm):
     """Several tables' streams, one after another in one source, ingested in random splits;
-    after each ingest one pass compacts every table, rounds running at once: each table ends
-    with the model's tables for its own events."""
+    after each ingest one pass compacts every table, rounds running at once, their tables read
+    together by Spark's scans or in the driver's JVM (`in_jvm`): each table ends with the
+    model's tables for its own events."""
+    from iceberg.compaction import shared
+
     tables = [f"things{i}" for i in range(len(streams))]
     lines = [line for table, stream in zip(tables, streams) for line in to_lines(stream, ordering, table)]
     path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
@@ -280,9 +285,18 @@ def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams,
         update={"compaction": s.compaction.model_copy(update={"ordering": ordering, "parallel_tables": len(tables)})}
     )
     bounds = sorted({c for c in cuts if c < len(lines)}) + [len(lines)]
-    for b in bounds:
-        ingest_up_to(s, lines, b)
-        run_compaction(s, force=True, now=NOW)
+    with (
+        mock.patch.object(shared, "JVM_ROWS", shared.JVM_ROWS if in_jvm else -1),
+        mock.patch.object(shared, "read_together", wraps=shared.read_together) as read_together,
+        mock.patch.object(shared.compat_spark, "jvm_reads", wraps=shared.compat_spark.jvm_reads) as jvm_reads,
+        mock.patch.object(shared.log, "warning", wraps=shared.log.warning) as warned,
+    ):
+        for b in bounds:
+            ingest_up_to(s, lines, b)
+            run_compaction(s, force=True, now=NOW)
+    failed = [c for c in warned.call_args_list if "failed" in c.args[0]]
+    assert not failed, failed  # no shared read failed (its rounds would each read alone)
+    assert jvm_reads.called == (in_jvm and read_together.called)
     events = decoded(path, s)
     for table in tables:
         if load_catalog(s).table_exists(names(s, table).log):

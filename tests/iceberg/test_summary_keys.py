@@ -24,7 +24,7 @@ NOT_SUMMARY_KEYS = {
     ("connector/demo.py", "cdclake.toml"),  # the demo's configuration file
     ("connector/sources/file.py", "cdclake.file."),  # a file source's stream name
     ("iceberg/spark.py", "cdclake.LocalFileIO"),  # a Java class (infra/delta-writer)
-    ("iceberg/compat.py", "cdclake."),  # the package of those Java classes
+    ("iceberg/compat_spark.py", "cdclake."),  # the package of those Java classes
 }
 
 
