@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from connector.core.errors import SourceError
 from connector.stage import WRITTEN_SCHEMA
-from iceberg import compat, compat_spark
+from iceberg import compat_spark
 from iceberg.spark import DEFAULT_JARS_DIR
 from tests.iceberg.test_compat import contract
 
@@ -230,3 +231,56 @@ def test_tables_made_through_sparks_catalog_api_are_the_ones_create_table_makes(
     }
     assert by_api.current_snapshot() is None
     assert by_sql.scan().to_arrow().num_rows == 1  # left as it was
+
+
+@pytest.mark.spark
+def test_the_jvm_read_gives_the_rows_sparks_scans_give(spark, settings):
+    """Two tables compacted twice (the second round replaces a held row: a deletion vector).
+    The read in the driver's JVM of their logs' ranges, then of their states' and tombstones'
+    rows for those ranges' keys, equals Spark's scans of the same tables (`_file` and `_pos`
+    with the held rows), each table's keys prefixed with its own prefix."""
+    from collections import Counter
+
+    from pyspark.sql import functions as F
+
+    from connector.app import run_compaction
+    from iceberg.compaction import winners
+    from tests.iceberg.helpers import NOW, names, run_ingest, with_source, write_lines
+    from tests.iceberg.test_many_tables import STREAM, _lake
+    from tests.iceberg.test_property import to_lines
+
+    tables = ["j0", "j1"]
+    s, _ = _lake(settings, tables, "jvm", STREAM[:3])
+    run_ingest(s)
+    run_compaction(s, force=True, now=NOW)
+    path = write_lines(
+        Path(tempfile.mkdtemp()) / "all.jsonl", [x for t in tables for x in to_lines(STREAM, "source", t)]
+    )
+    s = with_source(s, path)
+    run_ingest(s)
+    run_compaction(s, force=True, now=NOW)
+    ns = [names(s, t) for t in tables]
+    snapshots = spark.sql(f"SELECT summary FROM {ns[0].spark(ns[0].state)}.snapshots").collect()
+    assert int(snapshots[-1][0]["total-position-deletes"]) > 0  # read through a deletion vector
+
+    def rows(frame):
+        return Counter(tuple(tuple(v) if isinstance(v, list) else v for v in r) for r in frame.collect())
+
+    streams = [spark.table(n.spark(n.log)).select("topic", "partition").distinct().collect() for n in ns]
+    ranges = [[x for t, p in found for x in (t, p, 1, 100)] for found in streams]  # each stream's first event left out
+    columns = [c for c, _ in winners.LOG_CANDIDATES]
+    prefixes = [f"{i}/" for i in range(len(tables))]
+    events, held = compat_spark.jvm_reads(spark, [n.spark(n.log) for n in ns], prefixes, ranges, columns)
+    scans = [
+        spark.table(n.spark(n.log)).where("sequence_number >= 1 AND sequence_number < 100").select(*columns) for n in ns
+    ]
+    prefixed = [scan.withColumn("key", F.concat(F.lit(p), "key")) for p, scan in zip(prefixes, scans)]
+    assert rows(events) == sum((rows(x) for x in prefixed), Counter()) and len(rows(events)) > 2
+    for kind in ("state", "tombstones"):
+        got = held([n.spark(getattr(n, kind)) for n in ns], winners.HELD_READS)
+        want = Counter()
+        for p, n, scan in zip(prefixes, ns, scans):
+            table = spark.table(n.spark(getattr(n, kind))).select(*winners.HELD_READS, "_file", "_pos")
+            kept = table.join(scan.select(F.col("key").alias("_key")).distinct(), "_key", "left_semi")
+            want += rows(kept.withColumn("_key", F.concat(F.lit(p), "_key")))
+        assert rows(got) == want and want
