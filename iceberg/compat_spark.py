@@ -119,7 +119,7 @@ def jvm_reads(
     reads = _helper(spark, "Reads").log(spark._jsparkSession, logs, prefixes, ranges, columns)
 
     def held(tables: list[str | None], columns: list[str]) -> DataFrame | None:
-        rows = reads.held(spark._jsparkSession, tables, prefixes, columns)
+        rows = reads.held(spark._jsparkSession, tables, columns)
         return None if rows is None else Frame(rows, spark)
 
     return Frame(reads.events(), spark), held

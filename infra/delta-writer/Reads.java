@@ -33,11 +33,13 @@ import org.apache.spark.sql.types.StructType;
  */
 public final class Reads {
   private final List<Set<String>> keys = new ArrayList<>();
+  private final List<String> prefixes;
   private final Dataset<Row> events;
 
   private Reads(
       SparkSession spark, List<String> logs, List<String> prefixes, List<List<Object>> ranges, List<String> columns)
       throws Exception {
+    this.prefixes = prefixes;
     List<Expression> filters = new ArrayList<>();
     for (List<Object> r : ranges) {
       Expression any = Expressions.alwaysFalse();
@@ -76,11 +78,11 @@ public final class Reads {
 
   /**
    * Per table {@code tables.get(i)} (a state or tombstone table of log i; null for none), its
-   * rows whose {@code _key} is a key of log i's rows: their {@code columns} (prefixed {@code
-   * _key}) and where each is ({@code _file}, {@code _pos}), as a frame of {@code spark}.
+   * rows whose {@code _key} is a key of log i's rows: their {@code columns} ({@code _key}
+   * prefixed as log i's keys) and where each is ({@code _file}, {@code _pos}), as a frame of
+   * {@code spark}.
    */
-  public Dataset<Row> held(SparkSession spark, List<String> tables, List<String> prefixes, List<String> columns)
-      throws Exception {
+  public Dataset<Row> held(SparkSession spark, List<String> tables, List<String> columns) throws Exception {
     List<Expression> all = new ArrayList<>();
     tables.forEach(t -> all.add(Expressions.alwaysTrue()));
     return read(spark, tables, prefixes, all, columns, "_key", true, null, keys);
