@@ -18,7 +18,7 @@ import re
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -39,6 +39,10 @@ LEASES = Table(
     Column("expires_ms", BigInteger, nullable=False),
 )
 TTL_SECONDS = 600.0
+# A renewal within this share of the lease's time after the last one leaves the lease as it is:
+# it has most of its time left, so no other process can have taken it over (a round renews
+# before each of its steps, and each renewal is a write to the database)
+RENEW_AFTER = 0.1
 _HOLDER = re.compile(r" on (?P<host>\S+) pid (?P<pid>\d+) ")
 
 
@@ -84,6 +88,7 @@ class Lease:
     holder: str
     ttl: float
     what: str = ""
+    renewed: float = field(default_factory=time.monotonic)  # when it was last set to last `ttl` (monotonic)
 
     def _key(self) -> Any:
         return and_(
@@ -91,7 +96,12 @@ class Lease:
         )
 
     def renew(self) -> None:
-        """Extend the lease; `LeaseLostError` if another process holds it now."""
+        """Extend the lease; `LeaseLostError` if another process holds it now. Within
+        `RENEW_AFTER` of its time since the last renewal, it is still this process's: nothing
+        to do."""
+        started = time.monotonic()
+        if started - self.renewed < self.ttl * RENEW_AFTER:
+            return
         with _engine(self.catalog).begin() as conn:
             done = conn.execute(
                 update(LEASES)
@@ -104,6 +114,7 @@ class Lease:
                 "another process took it; "
                 "this process stops without committing. Rerun it once the other is done"
             )
+        self.renewed = started
 
     def release(self) -> None:
         with _engine(self.catalog).begin() as conn:
@@ -137,6 +148,7 @@ def acquire(
         with _engine(catalog).begin() as conn:
             conn.execute(delete(LEASES).where(lease._key(), LEASES.c.expires_ms < _now_ms()))
         try:
+            lease.renewed = time.monotonic()
             with _engine(catalog).begin() as conn:
                 conn.execute(
                     insert(LEASES).values(

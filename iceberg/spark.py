@@ -172,9 +172,10 @@ def round_session(
     `spark` set since, or `conf`, those settings as the caller read them: each read is a
     call to the JVM per setting), with its jobs in a fair-scheduler pool of the thread's
     name. Sessions are kept for the next rounds (each holds its catalog's connections).
-    With `small` (a shared read and the rounds it read, always in a session of their own),
-    the session compiles no code for its queries (`compat_spark.NO_CODEGEN`): their rows are few,
-    and compiling each query's code cost more than it saved (docs/performance.md)."""
+    With `small` (a shared read of few events, `shared.COMPILED_EVENTS`, and the rounds a
+    shared read read, always in a session of their own), the session compiles no code for its
+    queries (`compat_spark.NO_CODEGEN`): their rows are few, and compiling each query's code
+    cost more than it saved (docs/performance.md)."""
     from iceberg import compat_spark
 
     if not own and not small:

@@ -40,6 +40,9 @@ from iceberg.layouts import TableNames
 
 log = logging.getLogger("iceberg.compaction.job")
 GROUP_TABLES = 50  # rounds read in one shared job at most
+# A shared read of more events than this compiles its queries' code: each row interpreted costs
+# more than compiling, and its plans have the same shape in every pass (the log's columns)
+COMPILED_EVENTS = 50_000
 READ_CHUNKS = 4  # the shared read's queries: its tables in this many chunks, read at once
 # A round whose state and tombstones hold at most this many rows reads its tables in the
 # driver's JVM (`compat_spark.jvm_reads`: no Spark scan per table; the rows read one at a time)
@@ -290,7 +293,8 @@ def compact_tables(
                 for start in range(0, len(group), GROUP_TABLES) if len(group) > 1 else ():
                     chunk = group[start : start + GROUP_TABLES]
                     try:
-                        with round_session(spark, own, conf, small=True) as session:
+                        small = sum(r.report.events for r in chunk) <= COMPILED_EVENTS
+                        with round_session(spark, own, conf, small=small) as session:
                             shares |= read_together(session, chunk)
                     except Exception as e:  # noqa: BLE001 - each of its rounds reads alone, and fails alone
                         why = f"{type(e).__name__}: {e}"

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from iceberg.catalog import load_catalog
-from iceberg.leases import LEASES, LeaseHeldError, LeaseLostError, acquire
+from iceberg.leases import LEASES, RENEW_AFTER, LeaseHeldError, LeaseLostError, acquire
 
 
 def test_a_held_lease_stops_a_second_holder_with_one_line_naming_the_table_and_the_holder(settings):
@@ -46,6 +46,24 @@ def test_a_lease_that_ran_out_is_taken_over_and_its_old_holder_cannot_renew_it(s
         stalled.renew()
     taker.renew()
     taker.release()
+
+
+def test_a_renewal_soon_after_the_last_leaves_the_lease_and_a_later_one_extends_it(settings):
+    catalog = load_catalog(settings)
+    lease = acquire(catalog, "ns.orders", "compaction", ttl=2.0)
+
+    def expires() -> int:
+        with catalog.engine.begin() as conn:
+            return conn.execute(LEASES.select().where(LEASES.c.holder == lease.holder)).one().expires_ms
+
+    first = expires()
+    time.sleep(0.05)
+    lease.renew()  # well within its time: not written
+    assert expires() == first
+    time.sleep(2.0 * RENEW_AFTER)
+    lease.renew()
+    assert expires() >= first + 2.0 * RENEW_AFTER * 1000
+    lease.release()
 
 
 def test_the_lease_of_a_process_that_is_gone_is_free(settings):

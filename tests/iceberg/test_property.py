@@ -266,12 +266,13 @@ def assert_matches_model(s, table: str, events: list, bounds: list[int], orderin
     cuts=st.lists(st.integers(1, 50), max_size=3),
     ordering=st.sampled_from(["source", "log"]),
     in_jvm=st.booleans(),
+    compiled=st.booleans(),
 )
-def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams, cuts, ordering, in_jvm):
+def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams, cuts, ordering, in_jvm, compiled):
     """Several tables' streams, one after another in one source, ingested in random splits;
     after each ingest one pass compacts every table, rounds running at once, their tables read
-    together by Spark's scans or in the driver's JVM (`in_jvm`): each table ends with the
-    model's tables for its own events."""
+    together by Spark's scans or in the driver's JVM (`in_jvm`), their queries' code compiled
+    or interpreted (`compiled`): each table ends with the model's tables for its own events."""
     from iceberg.compaction import shared
 
     tables = [f"things{i}" for i in range(len(streams))]
@@ -287,6 +288,7 @@ def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams,
     bounds = sorted({c for c in cuts if c < len(lines)}) + [len(lines)]
     with (
         mock.patch.object(shared, "JVM_ROWS", shared.JVM_ROWS if in_jvm else -1),
+        mock.patch.object(shared, "COMPILED_EVENTS", -1 if compiled else shared.COMPILED_EVENTS),
         mock.patch.object(shared, "read_together", wraps=shared.read_together) as read_together,
         mock.patch.object(shared.compat_spark, "jvm_reads", wraps=shared.compat_spark.jvm_reads) as jvm_reads,
         mock.patch.object(shared.log, "warning", wraps=shared.log.warning) as warned,
