@@ -18,6 +18,7 @@ import re
 import socket
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -43,6 +44,7 @@ TTL_SECONDS = 600.0
 # it has most of its time left, so no other process can have taken it over (a round renews
 # before each of its steps, and each renewal is a write to the database)
 RENEW_AFTER = 0.1
+_MADE: weakref.WeakSet[Engine] = weakref.WeakSet()  # the databases whose leases table this process made sure of
 _HOLDER = re.compile(r" on (?P<host>\S+) pid (?P<pid>\d+) ")
 
 
@@ -130,10 +132,13 @@ def acquire(
     if len(table) > 255:
         table = table[:230] + "#" + hashlib.sha256(table.encode()).hexdigest()[:24]
     what = what or f"table {table}"
-    try:
-        _META.create_all(_engine(catalog), checkfirst=True)
-    except (OperationalError, ProgrammingError):
-        pass  # created by another process meanwhile
+    engine = _engine(catalog)
+    if engine not in _MADE:
+        try:
+            _META.create_all(engine, checkfirst=True)
+        except (OperationalError, ProgrammingError):
+            pass  # created by another process meanwhile
+        _MADE.add(engine)
     since = datetime.now(UTC).isoformat(timespec="seconds")
     lease = Lease(
         catalog,
@@ -145,11 +150,10 @@ def acquire(
     )
     deadline = time.monotonic() + wait
     while True:
-        with _engine(catalog).begin() as conn:
-            conn.execute(delete(LEASES).where(lease._key(), LEASES.c.expires_ms < _now_ms()))
-        try:
+        try:  # one transaction: a lease that ran out goes, and this one is taken where none is held
             lease.renewed = time.monotonic()
-            with _engine(catalog).begin() as conn:
+            with engine.begin() as conn:
+                conn.execute(delete(LEASES).where(lease._key(), LEASES.c.expires_ms < _now_ms()))
                 conn.execute(
                     insert(LEASES).values(
                         catalog_name=catalog.name,
@@ -162,12 +166,12 @@ def acquire(
             return lease
         except IntegrityError:
             pass
-        with _engine(catalog).begin() as conn:
+        with engine.begin() as conn:
             row = conn.execute(select(LEASES.c.holder, LEASES.c.expires_ms).where(lease._key())).first()
         if row is None:
             continue  # released meanwhile
         if _gone(row.holder):
-            with _engine(catalog).begin() as conn:
+            with engine.begin() as conn:
                 conn.execute(delete(LEASES).where(lease._key(), LEASES.c.holder == row.holder))
             continue
         if time.monotonic() >= deadline:

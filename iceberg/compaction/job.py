@@ -125,7 +125,8 @@ class Round(RoundCommits):
         """1. Per stream, the cleanable range and whether it is due, with its packing bounds,
         truncates and order (the planner's one pyiceberg scan of the log)."""
         names = self.names
-        seen = self.catalog.load_table(names.log).current_snapshot()  # before the plan reads it
+        log_table = self.catalog.load_table(names.log)
+        seen = log_table.current_snapshot()  # the snapshot the plan reads
         self.log_seen = seen.snapshot_id if seen is not None else None
         tables = {t: load_optional(self.catalog, t) for t in (names.state, names.tombstones)}
         self.bytes = {t: held_bytes(table) for t, table in tables.items()}
@@ -142,7 +143,16 @@ class Round(RoundCommits):
         self.points = cleaner_points(state)
         clean = sum_streams(*self.bytes.values())
         stats = {
-            s.stream: s for s in stream_stats(self.catalog, names, self.policy, self.now, bounds=True, clean=clean)
+            s.stream: s
+            for s in stream_stats(
+                self.catalog,
+                names,
+                self.policy,
+                self.now,
+                bounds=True,
+                clean=clean,
+                loaded={names.log: log_table, **tables},
+            )
         }
         self.report.ranges = plan(list(stats.values()), self.policy, self.now, force)
         self.dirty_left = left_dirty(stats.values(), self.report.ranges, self.now)

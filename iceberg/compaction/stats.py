@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -296,12 +296,15 @@ def stream_stats(
     bounds: bool = False,
     chunk_rows: int = CHUNK_ROWS,
     clean: dict[str, int] | None = None,
+    loaded: Mapping[str, Table | None] | None = None,
 ) -> list[StreamStats]:
     """Per stream; with `bounds`, also the cleanable range's packing bounds and truncates,
     from the same scan (the compaction job's first step reads no more than this). `clean`:
-    the bytes the state and tombstones hold per stream, when the caller has read them."""
-    log = catalog.load_table(names.log)
-    state = load_optional(catalog, names.state)
+    the bytes the state and tombstones hold per stream, when the caller has read them;
+    `loaded`: the log and the state (None: none yet) as the caller loaded them, by name."""
+    loaded = loaded or {}
+    log = loaded.get(names.log) or catalog.load_table(names.log)
+    state = loaded[names.state] if names.state in loaded else load_optional(catalog, names.state)
     points = cleaner_points(state)
     streams = sorted(set(committed_positions(log)) | set(points))
     if not streams:
