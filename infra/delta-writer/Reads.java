@@ -1,19 +1,24 @@
 package cdclake;
 
+import java.lang.reflect.InvocationTargetException;
+import java.lang.reflect.Proxy;
 import java.nio.ByteBuffer;
 import java.time.OffsetDateTime;
 import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Set;
+import java.util.concurrent.ExecutorService;
 import org.apache.iceberg.MetadataColumns;
 import org.apache.iceberg.Schema;
 import org.apache.iceberg.Table;
+import org.apache.iceberg.TableScan;
 import org.apache.iceberg.data.IcebergGenerics;
 import org.apache.iceberg.data.Record;
 import org.apache.iceberg.expressions.Expression;
 import org.apache.iceberg.expressions.Expressions;
 import org.apache.iceberg.io.CloseableIterable;
+import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.spark.SparkSchemaUtil;
 import org.apache.iceberg.types.Types;
@@ -32,6 +37,7 @@ import org.apache.spark.sql.types.StructType;
  * iceberg/compaction/shared.py uses it.
  */
 public final class Reads {
+  private static final ExecutorService IN_THIS_THREAD = MoreExecutors.newDirectExecutorService();
   private final List<Set<String>> keys = new ArrayList<>();
   private final List<String> prefixes;
   private final Dataset<Row> events;
@@ -129,7 +135,7 @@ public final class Reads {
       int k = columns.indexOf(key);
       String prefix = prefixes.get(i);
       try (CloseableIterable<Record> records =
-          IcebergGenerics.read(table).project(projection).where(filters.get(i)).build()) {
+          IcebergGenerics.read(planningHere(table)).project(projection).where(filters.get(i)).build()) {
         for (Record r : records) {
           Object[] values = new Object[fields.size()];
           for (int c = 0; c < values.length; c++) {
@@ -152,6 +158,27 @@ public final class Reads {
       return null;
     }
     return spark.createDataFrame(rows, schema);
+  }
+
+  /**
+   * {@code table}, its scans planned in the calling thread: with more than one manifest Iceberg
+   * reads them on its worker pool and waits for it by polling every 10 ms (its
+   * {@code ParallelIterable}), longer than a small table's planning.
+   */
+  private static Table planningHere(Table table) {
+    return (Table)
+        Proxy.newProxyInstance(
+            Table.class.getClassLoader(),
+            new Class<?>[] {Table.class},
+            (proxy, method, args) -> {
+              Object out;
+              try {
+                out = method.invoke(table, args);
+              } catch (InvocationTargetException e) {
+                throw e.getCause();
+              }
+              return method.getName().equals("newScan") ? ((TableScan) out).planWith(IN_THIS_THREAD) : out;
+            });
   }
 
   /** {@code type} with every field nullable: the frame holds the rows of tables that may differ in it. */

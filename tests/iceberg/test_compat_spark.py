@@ -235,7 +235,8 @@ def test_tables_made_through_sparks_catalog_api_are_the_ones_create_table_makes(
 
 @pytest.mark.spark
 def test_the_jvm_read_gives_the_rows_sparks_scans_give(spark, settings):
-    """Two tables compacted twice (the second round replaces a held row: a deletion vector).
+    """Two tables compacted twice (the second round replaces a held row: a deletion vector;
+    their logs and states hold several manifests each).
     The read in the driver's JVM of their logs' ranges, then of their states' and tombstones'
     rows for those ranges' keys, equals Spark's scans of the same tables (`_file` and `_pos`
     with the held rows), each table's keys prefixed with its own prefix."""
@@ -262,6 +263,9 @@ def test_the_jvm_read_gives_the_rows_sparks_scans_give(spark, settings):
     ns = [names(s, t) for t in tables]
     snapshots = spark.sql(f"SELECT summary FROM {ns[0].spark(ns[0].state)}.snapshots").collect()
     assert int(snapshots[-1][0]["total-position-deletes"]) > 0  # read through a deletion vector
+    for n in ns:  # each scan planned over several manifests (in the reading thread: `Reads.planningHere`)
+        assert spark.sql(f"SELECT count(*) FROM {n.spark(n.log)}.manifests").first()[0] > 1
+        assert spark.sql(f"SELECT count(*) FROM {n.spark(n.state)}.manifests").first()[0] > 1
 
     def rows(frame):
         return Counter(tuple(tuple(v) if isinstance(v, list) else v for v in r) for r in frame.collect())
