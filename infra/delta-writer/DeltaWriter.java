@@ -58,7 +58,8 @@ import org.apache.spark.sql.types.StructType;
  * with Spark's other jars; iceberg/compaction/writes.py calls it.
  */
 public final class DeltaWriter {
-  private static final ExecutorService IN_THIS_THREAD = MoreExecutors.newDirectExecutorService();
+  // runs each task in the calling thread (the commits' manifest work below, `Reads`' scans)
+  static final ExecutorService IN_THIS_THREAD = MoreExecutors.newDirectExecutorService();
   // Iceberg's Parquet writer makes a new Hadoop configuration for each file not written through
   // Hadoop, and loading it parses Hadoop's default XML resources out of the jars (about 10 ms a
   // file): each data file's writer gets a copy of one loaded here

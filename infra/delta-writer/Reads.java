@@ -8,7 +8,6 @@ import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Set;
-import java.util.concurrent.ExecutorService;
 import org.apache.iceberg.MetadataColumns;
 import org.apache.iceberg.Schema;
 import org.apache.iceberg.Table;
@@ -18,7 +17,6 @@ import org.apache.iceberg.data.Record;
 import org.apache.iceberg.expressions.Expression;
 import org.apache.iceberg.expressions.Expressions;
 import org.apache.iceberg.io.CloseableIterable;
-import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.spark.SparkSchemaUtil;
 import org.apache.iceberg.types.Types;
@@ -37,7 +35,6 @@ import org.apache.spark.sql.types.StructType;
  * iceberg/compaction/shared.py uses it.
  */
 public final class Reads {
-  private static final ExecutorService IN_THIS_THREAD = MoreExecutors.newDirectExecutorService();
   private final List<Set<String>> keys = new ArrayList<>();
   private final List<String> prefixes;
   private final Dataset<Row> events;
@@ -177,7 +174,7 @@ public final class Reads {
               } catch (InvocationTargetException e) {
                 throw e.getCause();
               }
-              return method.getName().equals("newScan") ? ((TableScan) out).planWith(IN_THIS_THREAD) : out;
+              return method.getName().equals("newScan") ? ((TableScan) out).planWith(DeltaWriter.IN_THIS_THREAD) : out;
             });
   }
 
