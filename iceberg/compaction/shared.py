@@ -41,7 +41,7 @@ from iceberg.layouts import TableNames
 log = logging.getLogger("iceberg.compaction.job")
 GROUP_TABLES = 50  # rounds read in one shared job at most
 # A shared read of more events than this compiles its queries' code: each row interpreted costs
-# more than compiling, and its plans have the same shape in every pass (the log's columns)
+# more than compiling, and Spark reuses what it compiled for a plan of the same shape
 COMPILED_EVENTS = 50_000
 READ_CHUNKS = 4  # the shared read's queries: its tables in this many chunks, read at once
 # A round whose state and tombstones hold at most this many rows reads its tables in the
