@@ -10,10 +10,11 @@
    delete, truncate); `record_stale`: the stale events;
 4. `evolve_schema`: the columns the state can hold (the rest of the events: dead letters);
 5. `write_tombstones`, `write_stale`; 6. `write_state`: the state with the new cleaner points
-   and truncate marker in the same snapshot (a small round's changes carry where the rows
-   their keys held are, and 5 and 6 commit through Iceberg's API, `writes.commit_delta`;
-   a larger round MERGEs, into a table that holds none of its keys INSERTs, and each MERGE
-   names the keys its table holds, up to `HELD_KEYS_MAX`);
+   and truncate marker in the same snapshot (a round without truncate, small or up to
+   `DELTA_ROUND` events and `DELTA_BYTES` into tables holding rows, has its changes carry
+   where the rows their keys held are, and 5 and 6 commit through Iceberg's API,
+   `writes.commit_delta`; any other round MERGEs, into a table that holds none of its keys
+   INSERTs, and each MERGE names the keys its table holds, up to `HELD_KEYS_MAX`);
 7. `purge` expired tombstones; `trim_log`: log and dead-letter rows past the log retention
    that no key needs (below the cleaner point, not a winner, not a truncate); 8.
    `maintain`: rewrite small files (the log's manifests) and expire old snapshots when due
@@ -55,6 +56,12 @@ HELD_KEYS_MAX = 20_000
 # A round of at most this many events sends its keys to every task of the held-rows lookup
 # and of the bytes count
 BROADCAST_ROUND = 100_000
+# A round of at most this many events and bytes (as quotas count them) into a table holding
+# rows writes without a MERGE (`writes.commit_delta`: its changes are collected into the
+# driver's JVM and written there as one data file, the rows their keys held removed by
+# position); a larger one MERGEs
+DELTA_ROUND = 1_000_000
+DELTA_BYTES = 256 << 20
 
 
 def compact(
@@ -199,7 +206,10 @@ class Round(RoundCommits):
             self.truncates, self.truncate = newer, newer[-1] if newer else None  # the held rows older go
             self.step(f"truncates of {self.report.events:,} dirty events")
         self.table_truncate = newest_truncate([marker, self.truncate], ordering)
-        self.carried = self.small and self.truncate is None  # see `newest_per_key`
+        # see `newest_per_key`; a large first round INSERTs (written by every core)
+        size = sum(r.cleanable_bytes for r in self.ranges)
+        delta = self.small or (bool(self.holding) and self.report.events <= DELTA_ROUND and size <= DELTA_BYTES)
+        self.carried = delta and self.truncate is None
 
     def read_held(self) -> None:
         """2b. The rows already held for the round's keys (every state row when a truncate
@@ -242,10 +252,11 @@ class Round(RoundCommits):
         are in order, else the window) and what it does: upsert, delete or truncate. A small
         round without truncate takes the window over candidates that carry their payload; its
         changes carry the rows their keys held (`dedupe.latest_per_key`), and the job that
-        checkpoints them names the keys each table holds."""
+        checkpoints them names the keys each table holds. A larger round's changes carry them
+        too where it writes without a MERGE (`self.carried`: `dedupe.with_held`)."""
         ordering, held_rows = self.policy.ordering, self.held_rows
         candidates = self.events if held_rows is None else self.events.unionByName(held_rows, allowMissingColumns=True)
-        if self.carried:
+        if self.carried and self.small:
             ranked, seen = dedupe.rank(candidates, ordering), Observation("cdclake_keys")
             found = dedupe.latest_per_key(ranked, held=True).observe(
                 seen, F.count(F.lit(1)).alias("n"), F.sum("_stale").alias("stale")
@@ -283,7 +294,18 @@ class Round(RoundCommits):
             self.step,
             self.small,
         )
-        self.resolve(found)
+        if not self.carried:
+            self.resolve(found)
+            return
+        names = (self.names.state, self.names.tombstones)
+        assert held_rows is not None, "a large round writes without a MERGE only into a table holding rows"
+        self.resolve(
+            dedupe.with_held(found, held_rows),
+            *[F.count(F.col(c)).alias(name) for name, (c, _) in zip(names, dedupe.HELD_COLUMNS)],
+        )
+        for name in names:  # whether each holds a row of the round's keys
+            if name in self.holding:
+                self.held_keys[name] = [] if not self.observed[name] else None
 
     def resolve(self, found: DataFrame, *observe: Column) -> None:
         """What the newest change per key does (`self.changes`), with the counts, the after-image

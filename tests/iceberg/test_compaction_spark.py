@@ -7,6 +7,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ import pytest
 from connector.app import policy_of
 from connector.core.config import TableConfig
 from iceberg.catalog import load_catalog
-from iceberg.compaction import job
+from iceberg.compaction import job, writes
 from iceberg.compaction.stats import clean_bytes, cleaner_points
 from iceberg.log_writer import committed_positions
 from iceberg.maintenance import MaintenancePolicy, shape_of, sql_literal
@@ -364,8 +365,10 @@ def test_two_compactions_at_once_end_as_one_clean_run(spark, settings, tmp_path)
         assert (offsets_by_key(s, n.state), offsets_by_key(s, n.tombstones)) == want
 
 
-def test_small_rounds_remove_held_rows_by_position_one_deletion_vector_per_file(spark, settings, tmp_path):
-    """Small rounds write through Iceberg's API (`writes.commit_delta`): each removes the rows
+@pytest.mark.parametrize("small", [True, False])
+def test_rounds_remove_held_rows_by_position_one_deletion_vector_per_file(spark, settings, tmp_path, small):
+    """Rounds without truncate write through Iceberg's API (`writes.commit_delta`), small ones
+    and, into tables holding rows, larger ones (the packed route here): each removes the rows
     its keys held by position. Round after round over the same data files, each file keeps one
     deletion vector that carries every earlier round's deletes too, and Spark and pyiceberg
     read the model's tables."""
@@ -385,8 +388,10 @@ def test_small_rounds_remove_held_rows_by_position_one_deletion_vector_per_file(
                 offsets[part] += 1
         write_lines(tmp_path / "in.jsonl", lines)
         run_ingest(s)
-        report = compact_table(spark, s, "things", packed=False)
-        assert report.events and report.events <= policy_of(s).small_round  # a small round
+        with mock.patch.object(writes, "commit_delta", wraps=writes.commit_delta) as delta:
+            report = compact_table(spark, s, "things", packed=not small)
+        assert report.events and report.events <= policy_of(s).small_round  # small_round 0 where packed
+        assert delta.called == (small or r > 0), r  # a large first round INSERTs
         state, tombstones = expected_tables(decoded(tmp_path / "in.jsonl", s), "source")
         assert (offsets_by_key(s, t.state), offsets_by_key(s, t.tombstones)) == (state, tombstones), r
         for name, want in ((t.state, state), (t.tombstones, tombstones)):

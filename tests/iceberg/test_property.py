@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from connector.app import run_compaction
 from iceberg.catalog import load_catalog
+from iceberg.compaction import job
 from iceberg.compaction.stats import load_optional
 from iceberg.maintenance import MaintenancePolicy
 from tests.iceberg.helpers import (
@@ -116,9 +117,17 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     ordering=st.sampled_from(["source", "log"]),
     packed=st.booleans(),
     maintain=st.booleans(),
+    merged=st.booleans(),
 )
 # a delete and its bare tombstone in one round: the tombstone wins and carries the delete's position
-@example(stream=[(0, "c", 1, False), (0, "d", 2, True)], cuts=[], ordering="source", packed=True, maintain=False)
+@example(
+    stream=[(0, "c", 1, False), (0, "d", 2, True)],
+    cuts=[],
+    ordering="source",
+    packed=True,
+    maintain=False,
+    merged=False,
+)
 # a truncate after a delete (defect of earlier versions): the tombstone keeps the delete's own metadata
 @example(
     stream=[(0, "c", 1, False), (1, "c", 1, False), (1, "d", 2, True), (0, "t", 1, False)],
@@ -126,6 +135,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     ordering="source",
     packed=True,
     maintain=False,
+    merged=False,
 )
 # under log, a truncate compares enqueued times across partitions, not offsets
 @example(
@@ -134,6 +144,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     ordering="log",
     packed=True,
     maintain=False,
+    merged=False,
 )
 # stale events within one round, and a snapshot replayed after a streamed change under log
 @example(
@@ -142,6 +153,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     ordering="log",
     packed=True,
     maintain=False,
+    merged=False,
 )
 @example(
     stream=[(0, "c", 5, False), (0, "u", 3, False), (0, "u", 7, False), (0, "r", 7, False)],
@@ -149,6 +161,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     ordering="source",
     packed=True,
     maintain=False,
+    merged=False,
 )
 # under log, a streamed change, a truncate after it, then a snapshot row of the key: the
 # truncate removes the change and the snapshot row is the key's (in one round or two)
@@ -158,6 +171,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     ordering="log",
     packed=True,
     maintain=False,
+    merged=False,
 )
 @example(
     stream=[(0, "u", 3, False), (1, "t", 1, False), (0, "r", 1, False)],
@@ -165,6 +179,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     ordering="log",
     packed=True,
     maintain=False,
+    merged=False,
 )
 # under log, two truncates in one round: a snapshot row between them is no stale event;
 # a delete before both keeps guarding after them; a re-delivered change after both
@@ -182,14 +197,18 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     ordering="log",
     packed=True,
     maintain=False,
+    merged=False,
 )
-def test_random_stream_in_random_batches_matches_the_model(spark, settings, stream, cuts, ordering, packed, maintain):
+def test_random_stream_in_random_batches_matches_the_model(
+    spark, settings, stream, cuts, ordering, packed, maintain, merged
+):
     """`packed`: the packed order key wherever a round fits (as in production for rounds of
     more than `small_round` events), else the general route (the window) for every round,
     with the events' payload carried through it (as in production for small rounds).
     `maintain`: after every round, a table with more than one data file is rewritten and
     every snapshot that may go is expired (later rounds find their cleaner points after
-    that)."""
+    that). `merged`: such a large round MERGEs into tables holding rows (as one of more than
+    `DELTA_ROUND` events does), else it writes through Iceberg's API."""
     lines = to_lines(stream, ordering)
     path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
     s = with_source(
@@ -209,7 +228,8 @@ def test_random_stream_in_random_batches_matches_the_model(spark, settings, stre
         ingest_up_to(s, lines, b)
         if not load_catalog(s).table_exists(names(s, "things").log):
             continue  # only dead letters so far
-        report = compact_table(spark, s, "things", packed=packed, maintenance=EAGER if maintain else None)
+        with mock.patch.object(job, "DELTA_ROUND", -1 if merged else job.DELTA_ROUND):
+            report = compact_table(spark, s, "things", packed=packed, maintenance=EAGER if maintain else None)
         assert not [a for a in report.maintenance if a.startswith("failed")], report.maintenance  # best effort: logged
         stale += report.stale
         assert_recorded_bytes_are_held(s, "things")
