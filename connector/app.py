@@ -20,7 +20,8 @@ from connector.sources import load_source
 from iceberg import leases
 from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import CompactionPolicy
-from iceberg.compaction.stats import load_optional, log_start, quota_usage, stream_stats
+from iceberg.compaction.quiet import quota_usage
+from iceberg.compaction.stats import load_optional, log_start, stream_stats
 from iceberg.layouts import TableNames, source_tables
 from iceberg.maintenance import MaintenancePolicy
 from quotas.ledger import QuotaGate, table_quota, validate
@@ -66,7 +67,7 @@ def table_names(settings: Settings, catalog: Catalog, only: list[str] | None = N
 
 def load_usage(settings: Settings, catalog: Catalog, tables: list[str] | None = None) -> dict[str, dict[str, int]]:
     """Per table and stream: bytes held in state + tombstones plus dirty bytes in the log
-    (`stats.quota_usage`: no state row is read)."""
+    (`quiet.quota_usage`: no state row is read, nor, mostly, a log row)."""
     return {n.table: quota_usage(catalog, n) for n in table_names(settings, catalog, tables)}
 
 

@@ -4,6 +4,8 @@ round records for it: the log's snapshot it planned against and what it left dir
 
 from __future__ import annotations
 
+import logging
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -13,13 +15,16 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
+from iceberg.catalog import TableUnreadableError
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
 from iceberg.compaction.report import has_rows, may_expire
 from iceberg.compaction.retention import due as retention_due
-from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional
+from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional, logged_bytes, sum_streams
 from iceberg.layouts import TableNames
 from iceberg.maintenance import Upkeep, maintenance_due
 from iceberg.summary_keys import APPENDED, DIRTY, LOG_SEEN, MARKERS, POSITIONS, carried_entries
+
+log = logging.getLogger(__name__)
 
 
 class _Loaded:
@@ -146,6 +151,47 @@ def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: 
             )
         )
     return not plan(stats, policy, now)
+
+
+def quota_usage(catalog: Catalog, names: TableNames) -> dict[str, int]:
+    """Bytes per stream that count against the table's quota: what the state and tombstones
+    hold, as their commits recorded it, plus the log's bytes past the cleaner points, from the
+    commits' metadata (`logged_since`) or, where that does not tell, by a scan of those rows.
+    A state or tombstone table that cannot be read does not stop ingest: every byte of the log
+    counts then (more than the usage: quotas stay enforced)."""
+    log_table = catalog.load_table(names.log)
+    try:
+        state, tombstones = load_optional(catalog, names.state), load_optional(catalog, names.tombstones)
+        points, held = cleaner_points(state), held_bytes(state, tombstones)
+    except TableUnreadableError as e:
+        log.warning("%s; until then quota usage counts every byte of the log of %s", e, names.table)
+        state, points, held = None, {}, {}
+    logged = logged_since(log_table, state, points) if state is not None else None
+    if logged is None:
+        logged = logged_bytes(log_table, points)
+    return {s: n for s, n in sum_streams(logged, held).items() if n}
+
+
+def logged_since(log_table: Table, state: Table, points: Mapping[str, int]) -> dict[str, int] | None:
+    """Per stream, the log's bytes past the cleaner `points` (the `state`'s), from the commits'
+    metadata alone: what the last round left dirty (`DIRTY`, of the log's snapshot it planned
+    against, `LOG_SEEN`) plus what each log commit since appended (`APPENDED`: ingest appends
+    only past the positions, so past the points; trims and rewrites append nothing). None
+    where a commit carries no record, or that snapshot is no longer in the log's history."""
+    seen = LOG_SEEN.read(state)
+    if seen is None:
+        return None
+    out: dict[str, int] = defaultdict(int)
+    for stream, (_, end, _, size, *_) in (DIRTY.read(state) or {}).items():
+        if end > points.get(stream, 0):
+            out[stream] += size
+    for snapshot in _after(log_table, seen):
+        record = APPENDED.of(snapshot) if snapshot is not None and _appended(snapshot) else {}
+        if snapshot is None or record is None:
+            return None
+        for stream, (_, _, _, size, *_) in record.items():
+            out[stream] += size
+    return dict(out)
 
 
 def backlog(catalog: Catalog, names: TableNames) -> int:

@@ -18,7 +18,6 @@ from pyiceberg.expressions import And, GreaterThan, GreaterThanOrEqual
 from pyiceberg.table import DataScan, FileScanTask, Table
 
 from iceberg import compat
-from iceberg.catalog import TableUnreadableError
 from iceberg.compaction.policy import CompactionPolicy, StreamStats
 from iceberg.layouts import TableNames
 from iceberg.log_writer import committed_positions
@@ -136,22 +135,6 @@ def log_start(log: Table) -> dict[str, int]:
                 key = f"{topic}:{part}"
                 out[key] = min(out.get(key, first), first)
     return out
-
-
-def quota_usage(catalog: Catalog, names: TableNames) -> dict[str, int]:
-    """Bytes per stream that count against the table's quota: what the state and tombstones
-    hold, as their commits recorded it (their rows are not read), plus the log's bytes past
-    the cleaner points. A state or tombstone table that cannot be read does not stop ingest:
-    every byte of the log counts then (more than the usage: quotas stay enforced)."""
-    log_table = catalog.load_table(names.log)
-    try:
-        state, tombstones = load_optional(catalog, names.state), load_optional(catalog, names.tombstones)
-        points = cleaner_points(state)
-        held = held_bytes(state, tombstones)
-    except TableUnreadableError as e:
-        log.warning("%s; until then quota usage counts every byte of the log of %s", e, names.table)
-        points, held = {}, {}
-    return {s: n for s, n in sum_streams(logged_bytes(log_table, points), held).items() if n}
 
 
 @dataclass

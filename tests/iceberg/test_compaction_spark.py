@@ -25,6 +25,7 @@ from tests.conftest import kcat_lines
 from tests.iceberg.helpers import (
     NOW,
     assert_recorded_bytes_are_held,
+    assert_usage_told_by_metadata,
     compact_table,
     decoded,
     kline,
@@ -207,6 +208,7 @@ def test_min_compaction_lag_holds_back_young_events(spark, settings, tmp_path):
     report = compact_table(spark, s, "things", force=False)
     assert [(r.start, r.end) for r in report.ranges] == [(0, 1)]
     assert offsets_by_key(s, names(s, "things").state) == {'{"id":1}': "0"}
+    assert_usage_told_by_metadata(s, "things", compacted=True)  # the young event's bytes, left dirty
 
 
 def test_maintenance_bounds_files_and_snapshots_and_keeps_the_cleaner_points(spark, settings, tmp_path):

@@ -23,6 +23,7 @@ from iceberg.maintenance import MaintenancePolicy
 from tests.iceberg.helpers import (
     NOW,
     assert_recorded_bytes_are_held,
+    assert_usage_told_by_metadata,
     compact_table,
     decoded,
     names,
@@ -228,11 +229,13 @@ def test_random_stream_in_random_batches_matches_the_model(
         ingest_up_to(s, lines, b)
         if not load_catalog(s).table_exists(names(s, "things").log):
             continue  # only dead letters so far
+        assert_usage_told_by_metadata(s, "things", compacted=False)
         with mock.patch.object(job, "DELTA_ROUND", -1 if merged else job.DELTA_ROUND):
             report = compact_table(spark, s, "things", packed=packed, maintenance=EAGER if maintain else None)
         assert not [a for a in report.maintenance if a.startswith("failed")], report.maintenance  # best effort: logged
         stale += report.stale
         assert_recorded_bytes_are_held(s, "things")
+        assert_usage_told_by_metadata(s, "things", compacted=True)
     events = decoded(path, s)
     assert sum(1 for e in events if getattr(e, "reason", None) == "key") == sum(1 for x in stream if x[1] == "junk")
     assert stale == assert_matches_model(s, "things", events, bounds, ordering)
@@ -316,6 +319,9 @@ def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams,
         for b in bounds:
             ingest_up_to(s, lines, b)
             run_compaction(s, force=True, now=NOW)
+            for table in tables:
+                if load_catalog(s).table_exists(names(s, table).log):
+                    assert_usage_told_by_metadata(s, table, compacted=True)
     failed = [c for c in warned.call_args_list if "failed" in c.args[0]]
     assert not failed, failed  # no shared read failed (its rounds would each read alone)
     assert jvm_reads.called == (in_jvm and read_together.called)
