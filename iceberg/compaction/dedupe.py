@@ -154,10 +154,16 @@ def _was(rows: DataFrame) -> list[Column]:
     return [F.max_by(row, F.when(F.col("_held") & (tomb if t else ~tomb), 1)).alias(c) for c, t in HELD_COLUMNS]
 
 
-def with_held(winners: DataFrame, held_rows: DataFrame) -> DataFrame:
-    """`winners` (one row per key) with the rows their keys held among `held_rows`, as
-    `latest_per_key` with `held` gives them."""
-    return winners.join(held_rows.groupBy("_key").agg(*_was(held_rows)), "_key", "left")
+def with_held(winners: DataFrame, held_rows: DataFrame, broadcast: bool = False) -> DataFrame:
+    """`winners` (one row per key) with the rows their keys held among `held_rows` (a key
+    holds at most one row in each table), as `latest_per_key` with `held` gives them (sent to
+    every task where `broadcast`)."""
+    tomb = F.col("_op") == retain.DELETE_OP
+    for column, t in HELD_COLUMNS:
+        row = F.struct("_topic", "_partition_id", "_payload_bytes", "_at").alias(column)
+        held = held_rows.where(tomb if t else ~tomb).select("_key", row)
+        winners = winners.join(F.broadcast(held) if broadcast else held, "_key", "left")
+    return winners
 
 
 def older_than_truncate(truncate: Truncate, ordering: Ordering) -> Column:

@@ -62,6 +62,8 @@ BROADCAST_ROUND = 100_000
 # position); a larger one MERGEs
 DELTA_ROUND = 1_000_000
 DELTA_BYTES = 256 << 20
+# Such a round's held rows, up to this many, go to every task of their join with its winners
+BROADCAST_HELD = 500_000
 
 
 def compact(
@@ -236,7 +238,7 @@ class Round(RoundCommits):
             bounds = Observation("cdclake_held_bounds")
             self.held_rows = (
                 reduce(DataFrame.unionByName, frames)
-                .observe(bounds, *winners.candidate_bounds(self.policy.ordering))
+                .observe(bounds, F.count(F.lit(1)).alias("rows"), *winners.candidate_bounds(self.policy.ordering))
                 .localCheckpoint(eager=True)
             )
             self.held_bounds = bounds.get
@@ -300,7 +302,7 @@ class Round(RoundCommits):
         names = (self.names.state, self.names.tombstones)
         assert held_rows is not None, "a large round writes without a MERGE only into a table holding rows"
         self.resolve(
-            dedupe.with_held(found, held_rows),
+            dedupe.with_held(found, held_rows, broadcast=self.held_bounds["rows"] <= BROADCAST_HELD),
             *[F.count(F.col(c)).alias(name) for name, (c, _) in zip(names, dedupe.HELD_COLUMNS)],
         )
         for name in names:  # whether each holds a row of the round's keys

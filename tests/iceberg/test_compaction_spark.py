@@ -367,16 +367,20 @@ def test_two_compactions_at_once_end_as_one_clean_run(spark, settings, tmp_path)
         assert (offsets_by_key(s, n.state), offsets_by_key(s, n.tombstones)) == want
 
 
-@pytest.mark.parametrize("small", [True, False])
-def test_rounds_remove_held_rows_by_position_one_deletion_vector_per_file(spark, settings, tmp_path, small):
+@pytest.mark.parametrize("small,broadcast", [(True, True), (False, True), (False, False)])
+def test_rounds_remove_held_rows_by_position_one_deletion_vector_per_file(
+    spark, settings, tmp_path, monkeypatch, small, broadcast
+):
     """Rounds without truncate write through Iceberg's API (`writes.commit_delta`), small ones
-    and, into tables holding rows, larger ones (the packed route here): each removes the rows
-    its keys held by position. Round after round over the same data files, each file keeps one
+    and, into tables holding rows, larger ones (the packed route here, their held rows joined
+    to the winners sent to every task or shuffled, `broadcast`): each removes the rows its
+    keys held by position. Round after round over the same data files, each file keeps one
     deletion vector that carries every earlier round's deletes too, and Spark and pyiceberg
     read the model's tables."""
     import random
 
     draw, lines, offsets, lsn = random.Random(11), [], [0, 0], 10
+    monkeypatch.setattr(job, "BROADCAST_HELD", job.BROADCAST_HELD if broadcast else -1)
     s = with_source(settings, tmp_path / "in.jsonl")
     t = names(s, "things")
     for r in range(4):
