@@ -1,6 +1,7 @@
 """Whether a table's round would do anything, from its commits' metadata alone: a pass over
 many tables skips the quiet ones without Spark, a lease or a data file read. Also what a
-round records for it: the log's snapshot it planned against and what it left dirty."""
+round records for it: the log's snapshot it planned against and what it left dirty; and,
+from the same records, the bytes a table's quota counts (`quota_usage`)."""
 
 from __future__ import annotations
 
