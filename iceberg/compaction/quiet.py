@@ -23,7 +23,7 @@ from iceberg.compaction.retention import due as retention_due
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional, logged_bytes, sum_streams
 from iceberg.layouts import TableNames
 from iceberg.maintenance import Upkeep, maintenance_due
-from iceberg.summary_keys import APPENDED, DIRTY, LOG_SEEN, MARKERS, POSITIONS, carried_entries
+from iceberg.summary_keys import APPENDED, CLEANER_POINTS, DIRTY, LOG_SEEN, MARKERS, POSITIONS, carried_entries
 
 log = logging.getLogger(__name__)
 
@@ -175,23 +175,29 @@ def quota_usage(catalog: Catalog, names: TableNames) -> dict[str, int]:
 
 def logged_since(log_table: Table, state: Table, points: Mapping[str, int]) -> dict[str, int] | None:
     """Per stream, the log's bytes past the cleaner `points` (the `state`'s), from the commits'
-    metadata alone: what the last round left dirty (`DIRTY`, of the log's snapshot it planned
-    against, `LOG_SEEN`) plus what each log commit since appended (`APPENDED`: ingest appends
-    only past the positions, so past the points; trims and rewrites append nothing). None
-    where a commit carries no record, or that snapshot is no longer in the log's history."""
-    seen = LOG_SEEN.read(state)
-    if seen is None:
+    metadata alone: what the round that wrote them left dirty (`DIRTY`, of the log's snapshot
+    it planned against, `LOG_SEEN`, both in the commit of the points) plus what each log
+    commit since appended (`APPENDED`: ingest appends only past the positions; trims and
+    rewrites append nothing). None where that commit records neither (a rebuild's), a log
+    commit carries no record, a record straddles a point, or that snapshot is no longer in
+    the log's history: the log's rows tell then."""
+    seen, dirty = LOG_SEEN.read(state, with_key=CLEANER_POINTS), DIRTY.read(state, with_key=CLEANER_POINTS)
+    if seen is None or dirty is None:
         return None
-    out: dict[str, int] = defaultdict(int)
-    for stream, (_, end, _, size, *_) in (DIRTY.read(state) or {}).items():
-        if end > points.get(stream, 0):
-            out[stream] += size
+    records = [dirty]
     for snapshot in _after(log_table, seen):
         record = APPENDED.of(snapshot) if snapshot is not None and _appended(snapshot) else {}
         if snapshot is None or record is None:
             return None
-        for stream, (_, _, _, size, *_) in record.items():
-            out[stream] += size
+        records.append(record)
+    out: dict[str, int] = defaultdict(int)
+    for record in records:
+        for stream, (first, end, _, size, *_) in record.items():
+            point = points.get(stream, 0)
+            if first < point < end:
+                return None
+            if end > point:
+                out[stream] += size
     return dict(out)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +21,6 @@ from iceberg.compaction.policy import CompactionPolicy, StreamStats
 from iceberg.layouts import TableNames
 from iceberg.log_writer import committed_positions
 from iceberg.summary_keys import CLEANER_POINTS, STREAM_BYTES
-
-log = logging.getLogger(__name__)
 
 
 def load_optional(catalog: Catalog, name: str) -> Table | None:

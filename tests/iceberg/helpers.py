@@ -11,7 +11,7 @@ from connector.debezium import decoder_for
 from connector.sources.file import parse_line
 from iceberg.catalog import load_catalog
 from iceberg.compaction.job import compact
-from iceberg.compaction.quiet import logged_since
+from iceberg.compaction.quiet import logged_since, quota_usage
 from iceberg.compaction.stats import cleaner_points, load_optional, recorded_bytes
 from iceberg.layouts import TableNames
 from iceberg.maintenance import MaintenancePolicy
@@ -83,25 +83,29 @@ def assert_recorded_bytes_are_held(settings: Settings, table: str) -> None:
 
 
 def assert_usage_told_by_metadata(settings: Settings, table: str, compacted: bool) -> None:
-    """The log's bytes past the cleaner points that quota usage takes from the commits'
-    metadata (`quiet.logged_since`) equal those of its rows, summed here; once a round has
-    run (`compacted`), the metadata tells them."""
+    """Quota usage (`quiet.quota_usage`) equals the bytes of the rows, summed here: the log's
+    past the cleaner points, the state's and the tombstones'; once a round has run
+    (`compacted`), the log's part comes from the commits' metadata (`quiet.logged_since`)."""
     catalog, n = load_catalog(settings), names(settings, table)
-    state = load_optional(catalog, n.state)
-    if state is None:
-        return
-    log, points = catalog.load_table(n.log), cleaner_points(state)
-    told = logged_since(log, state, points)
+    state, log = load_optional(catalog, n.state), catalog.load_table(n.log)
+    points = cleaner_points(state)
+    told = logged_since(log, state, points) if state is not None else None
     assert told is not None or not compacted, f"{table}: the commits' metadata does not tell the log's dirty bytes"
-    if told is None:
-        return
     rows: dict[str, int] = {}
     columns = ("topic", "partition", "sequence_number", "payload_bytes")
     for r in log.scan(selected_fields=columns).to_arrow().to_pylist():
         stream = f"{r['topic']}:{r['partition']}"
         if r["sequence_number"] >= points.get(stream, 0):
             rows[stream] = rows.get(stream, 0) + (r["payload_bytes"] or 0)
-    assert {k: v for k, v in told.items() if v} == {k: v for k, v in rows.items() if v}, table
+    for name in (n.state, n.tombstones):
+        held = load_optional(catalog, name)
+        for r in [] if held is None else held.scan(selected_fields=HELD).to_arrow().to_pylist():
+            stream = f"{r['_topic']}:{r['_partition_id']}"
+            rows[stream] = rows.get(stream, 0) + (r["_payload_bytes"] or 0)
+    assert quota_usage(catalog, n) == {k: v for k, v in rows.items() if v}, table
+
+
+HELD = ("_topic", "_partition_id", "_payload_bytes")
 
 
 def decoded(path: Path, settings: Settings):

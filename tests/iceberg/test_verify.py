@@ -19,7 +19,16 @@ from iceberg.compaction.stats import cleaner_points
 from iceberg.log_writer import committed_positions
 from iceberg.summary_keys import KEYS, ORDERING, TRUNCATE
 from iceberg.verify import rebuild, verify
-from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
+from tests.iceberg.helpers import (
+    assert_usage_told_by_metadata,
+    compact_table,
+    decoded,
+    names,
+    offsets_by_key,
+    run_ingest,
+    with_source,
+    write_lines,
+)
 from tests.iceberg.test_reader import _stream
 from tests.model import expected_tables
 
@@ -74,6 +83,7 @@ def test_verify_finds_exactly_what_was_broken(spark, settings, tmp_path):
     want_state, want_tombstones = expected_tables(decoded(path, s), "source")
     assert offsets_by_key(s, n.state) == want_state and offsets_by_key(s, n.tombstones) == want_tombstones
     assert cleaner_points(catalog.load_table(n.state)) == committed_positions(catalog.load_table(n.log))
+    assert_usage_told_by_metadata(s, "things", compacted=False)  # the rebuild's commit records no round
 
     (task, *_) = catalog.load_table(n.state).scan().plan_files()
     lost = urlparse(task.file.file_path).path
