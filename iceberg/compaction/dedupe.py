@@ -142,16 +142,12 @@ def latest_per_key(ranked: DataFrame, held: bool = False) -> DataFrame:
     tombstone, each its stream and bytes, and where it is if the held rows say, `_at` of
     `winners.held`; or null)."""
     winner = F.max_by(F.struct(*[F.col(c) for c in CANDIDATE_COLUMNS], F.col("_o")), F.when(F.col("_won"), F.col("_o")))
-    aggregates = [winner.alias("w"), F.count(F.col("_stale")).alias("_stale"), *(_was(ranked) if held else [])]
-    return ranked.groupBy("_key").agg(*aggregates).select("w.*", "_stale", *[c for c, _ in HELD_COLUMNS if held])
-
-
-def _was(rows: DataFrame) -> list[Column]:
-    """Per key of `rows` (candidates), the rows it held (`HELD_COLUMNS`), as aggregates."""
-    at = F.col("_at") if "_at" in rows.columns else F.lit(None).cast(AT_TYPE).alias("_at")
+    at = F.col("_at") if "_at" in ranked.columns else F.lit(None).cast(AT_TYPE).alias("_at")
     row = F.struct("_topic", "_partition_id", "_payload_bytes", at)
     tomb = F.col("_op") == retain.DELETE_OP
-    return [F.max_by(row, F.when(F.col("_held") & (tomb if t else ~tomb), 1)).alias(c) for c, t in HELD_COLUMNS]
+    was = [F.max_by(row, F.when(F.col("_held") & (tomb if t else ~tomb), 1)).alias(c) for c, t in HELD_COLUMNS]
+    aggregates = [winner.alias("w"), F.count(F.col("_stale")).alias("_stale"), *(was if held else [])]
+    return ranked.groupBy("_key").agg(*aggregates).select("w.*", "_stale", *[c for c, _ in HELD_COLUMNS if held])
 
 
 def with_held(winners: DataFrame, held_rows: DataFrame, broadcast: bool = False) -> DataFrame:
