@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 import threading
 from collections.abc import Iterator
@@ -20,15 +21,31 @@ if TYPE_CHECKING:
     from connector.core.config import Settings
 
 DEFAULT_JARS_DIR = Path(__file__).resolve().parents[1] / ".cache" / "jars"
+CLASS_ARCHIVE = "cdclake-classes.jsa"  # in the jars' directory: infra/class_archive.py writes it
+# G1's concurrent work competes with the tasks for the few cores a local driver has:
+# the parallel collector measured 15-35% faster on the compaction's sort and shuffle.
+JAVA_OPTIONS = "-XX:+UseParallelGC"
+
+
+def jars_dir(settings: Settings) -> Path:
+    return Path(settings.spark.jars_dir) if settings.spark.jars_dir else DEFAULT_JARS_DIR
+
+
+def java_options(settings: Settings) -> str:
+    """The driver JVM's options: with the class archive beside the jars, if there is one
+    (infra/class_archive.py: the driver starts its session and first queries in about two
+    thirds of the time; docs/performance.md)."""
+    archive = jars_dir(settings) / CLASS_ARCHIVE
+    return f"{JAVA_OPTIONS} -XX:SharedArchiveFile={shlex.quote(str(archive))}" if archive.is_file() else JAVA_OPTIONS
 
 
 def spark_jars(settings: Settings) -> list[str]:
-    jars_dir = Path(settings.spark.jars_dir) if settings.spark.jars_dir else DEFAULT_JARS_DIR
-    jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
+    directory = jars_dir(settings)
+    jars = sorted(str(p) for p in directory.glob("*.jar"))
     for needed in ("iceberg-spark-runtime", "cdclake-delta-writer"):
         if not any(needed in Path(j).name for j in jars):
             raise SetupError(
-                f"no {needed} jar in {jars_dir}: run `bash infra/fetch-jars.sh` (Maven resolves "
+                f"no {needed} jar in {directory}: run `bash infra/fetch-jars.sh` (Maven resolves "
                 "infra/pom.xml into .cache/jars, javac builds infra/delta-writer) or set spark.jars_dir"
             )
     return jars
@@ -77,9 +94,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.redaction.regex": (
             r"(?i)secret|password|token|credential|access[.]?key|account[.]key|sasl[.]jaas[.]config|connection_string"
         ),
-        # G1's concurrent work competes with the tasks for the few cores a local driver has:
-        # the parallel collector measured 15-35% faster on the compaction's sort and shuffle.
-        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+        "spark.driver.extraJavaOptions": java_options(settings),
         **{f"{prefix}.{k}": v for k, v in file_io(settings).items()},
         **settings.spark.conf,
     }

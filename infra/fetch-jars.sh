@@ -21,3 +21,5 @@ if [ ! "$out/cdclake-delta-writer.jar" -nt "$out/.stamp" ] || [ -n "$(find "$hel
   jar cf "$out/cdclake-delta-writer.jar" -C "$classes" .
   rm -rf "$classes"
 fi
+# the driver JVM's class archive, written by a run of the demo once the jars above are in place
+.venv/bin/python infra/class_archive.py

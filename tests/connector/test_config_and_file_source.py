@@ -83,7 +83,7 @@ BAD_LINES = [
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("batch", [1, 1000])
+@pytest.mark.parametrize("batch", [3, 1000])  # 3: bad lines alone in a batch, and beside good ones
 def test_a_line_that_is_not_a_record_is_a_dead_letter_and_the_stream_goes_on(spark, settings, tmp_path, batch):
     """Each bad line is a dead letter of the file's own stream (offset: its line number,
     value: the line's bytes, reason `source`); every good record before and after it is in
