@@ -288,3 +288,21 @@ def test_the_jvm_read_gives_the_rows_sparks_scans_give(spark, settings):
             kept = table.join(scan.select(F.col("key").alias("_key")).distinct(), "_key", "left_semi")
             want += rows(kept.withColumn("_key", F.concat(F.lit(p), "_key")))
         assert rows(got) == want and want
+
+
+def test_the_driver_jvm_maps_the_class_archive_beside_the_jars(spark, tmp_path):
+    """`java_options` names the archive in the jars' directory when it is there (set-up writes
+    it: infra/class_archive.py), and the session's JVM was started with it."""
+    from connector.core.config import load_settings
+    from iceberg.spark import CLASS_ARCHIVE, JAVA_OPTIONS, java_options
+
+    s = load_settings(work_dir=tmp_path, spark={"jars_dir": str(tmp_path / "jars space")})
+    (tmp_path / "jars space").mkdir()
+    assert java_options(s) == JAVA_OPTIONS
+    (tmp_path / "jars space" / CLASS_ARCHIVE).write_bytes(b"")
+    assert java_options(s) == f"{JAVA_OPTIONS} -XX:SharedArchiveFile='{tmp_path / 'jars space' / CLASS_ARCHIVE}'"
+    archive = DEFAULT_JARS_DIR / CLASS_ARCHIVE
+    assert archive.is_file(), "no class archive: `bash infra/fetch-jars.sh` writes it"
+    jvm = spark.sparkContext._jvm
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert f"-XX:SharedArchiveFile={archive}" in arguments
