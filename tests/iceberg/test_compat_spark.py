@@ -306,3 +306,26 @@ def test_the_driver_jvm_maps_the_class_archive_beside_the_jars(spark, tmp_path):
     jvm = spark.sparkContext._jvm
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert f"-XX:SharedArchiveFile={archive}" in arguments
+
+
+def test_a_local_driver_has_the_jars_on_its_class_path_after_sparks_own(spark, tmp_path, monkeypatch):
+    """A local driver this process starts: the jars on its class path, Spark's first (the AWS
+    bundle carries an older commons-codec than Spark's, whose classes Spark gets); a cluster's
+    or spark-submit's: `spark.jars`, which Spark ships to the executors."""
+    from connector.core.config import load_settings
+    from iceberg.spark import jars_conf, spark_jars
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    s = load_settings(work_dir=tmp_path)
+    jars = spark_jars(s)
+    (path,) = jars_conf(s).values()
+    assert path.split(":")[1:] == jars and path.split(":")[0].endswith("/jars/*")
+    assert jars_conf(load_settings(work_dir=tmp_path, spark={"master": "spark://127.0.0.1:7077"})) == {
+        "spark.jars": ",".join(jars)
+    }
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    assert jars_conf(s) == {"spark.jars": ",".join(jars)}
+    jvm = spark.sparkContext._jvm
+    codec = jvm.java.lang.Class.forName("org.apache.commons.codec.binary.Hex")
+    source = str(codec.getProtectionDomain().getCodeSource().getLocation().getPath())
+    assert "/pyspark/jars/commons-codec-" in source, source
