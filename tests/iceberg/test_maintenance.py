@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from iceberg.maintenance import MaintenancePolicy, TableShape, expire_before, rewrite_due
+from iceberg.maintenance import MaintenancePolicy, TableShape, expire_before, rewrite_due, rewrite_file_bytes
 
 MB = 1 << 20
 POLICY = MaintenancePolicy(snapshot_retention=timedelta(hours=1), rewrite_files=16, expire_batch=3)
@@ -34,6 +34,22 @@ NOW = 100 * HOUR
 )
 def test_rewrite_when_files_exceed_what_the_bytes_need_or_a_fifth_and_many_rows_are_deleted(shape, due):
     assert rewrite_due(shape, POLICY) is due
+
+
+@pytest.mark.parametrize(
+    "shape, cores, target",
+    [
+        # 1M rows in 16 MB, a fifth deleted: 12.8 MB live, a file per core
+        (TableShape(data_bytes=16 * MB, records=10**6, deleted_rows=200_000), 2, 6.4 * MB),
+        (TableShape(data_bytes=16 * MB, records=10**6, deleted_rows=200_000), 8, 4 * MB),  # not below 4 MB
+        (TableShape(data_bytes=16 * MB, records=10**6), 1, 16 * MB),
+        (TableShape(data_bytes=10 * 1024 * MB, records=10**6), 2, 512 * MB),  # the table's own size
+        (TableShape(data_bytes=1024 * MB, records=10**6, target_file_bytes=64 * MB), 4, 64 * MB),
+        (TableShape(), 2, 4 * MB),
+    ],
+)
+def test_a_rewrite_spreads_a_table_smaller_than_its_target_size_over_the_cores(shape, cores, target):
+    assert rewrite_file_bytes(shape, cores) == pytest.approx(target, abs=1)
 
 
 def test_expires_once_a_batch_is_older_than_the_retention():
