@@ -24,6 +24,28 @@ def jvm_started() -> bool:
     return SparkContext._gateway is not None
 
 
+def spark_home() -> str:
+    """The Spark installation PySpark starts its JVM from (its `jars` directory the class path's
+    start): PySpark's own lookup, `SPARK_HOME` first."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    return str(_find_spark_home())  # type: ignore[no-untyped-call]
+
+
+def stop_jvm(spark: SparkSession, timeout: float) -> int:
+    """Stops `spark` and the JVM this process started for it, and waits for the JVM to exit
+    (what it does at exit done); its exit code. PySpark stops a session, never its JVM: the
+    JVM ends when the pipe to its input closes (`launch_gateway` keeps the process)."""
+    from pyspark.core.context import SparkContext
+
+    gateway = SparkContext._gateway
+    assert gateway is not None and gateway.proc is not None, "no JVM started by this process"
+    spark.stop()
+    gateway.shutdown()
+    gateway.proc.stdin.close()
+    return int(gateway.proc.wait(timeout))
+
+
 def start_jvm(conf: SparkConf, out: IO[bytes]) -> Any:
     """Starts the driver's JVM with its output to `out`, for the SparkContext made next to
     use. PySpark has no public way to redirect it: its `launch_gateway`, then what

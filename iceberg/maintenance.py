@@ -93,12 +93,13 @@ def rewrite_due(shape: TableShape, policy: MaintenancePolicy) -> bool:
 
 
 def rewrite_file_bytes(shape: TableShape, cores: int) -> int:
-    """The rewrite's target file size: the table's, or less where its live rows' bytes make
-    fewer files than `cores`, down to `MIN_REWRITE_FILE_BYTES`. Bin-pack reads about a target
-    size a task, and a Parquet file in one task, so a table below it (1M state rows of a
-    20k changes/s stream: 16 MB) was rewritten by one task and read in one, a core idle."""
+    """The rewrite's target file size: the table's, or, for a table whose live rows make fewer
+    files of it than there are `cores`, those bytes over the cores, down to
+    `MIN_REWRITE_FILE_BYTES`. Bin-pack reads about a target size a task and a Parquet file in
+    one, so such a table (1M state rows of a 20k changes/s stream: 16 MB) would be rewritten
+    by one task, and read in one after it, while the other cores idle."""
     live = shape.data_bytes * (shape.records - shape.deleted_rows) // max(shape.records, 1)
-    return max(min(shape.target_file_bytes, -(-live // max(cores, 1))), MIN_REWRITE_FILE_BYTES)
+    return min(shape.target_file_bytes, max(-(-live // max(cores, 1)), MIN_REWRITE_FILE_BYTES))
 
 
 def expire_before(snapshots: list[tuple[int, bool]], now_ms: int, policy: MaintenancePolicy) -> int | None:

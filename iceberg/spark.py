@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import sys
 import threading
@@ -31,14 +32,6 @@ def jars_dir(settings: Settings) -> Path:
     return Path(settings.spark.jars_dir) if settings.spark.jars_dir else DEFAULT_JARS_DIR
 
 
-def java_options(settings: Settings) -> str:
-    """The driver JVM's options: with the class archive beside the jars, if there is one
-    (infra/class_archive.py: with `jars_conf`, the driver starts its session and first queries
-    in about half the time; docs/performance.md)."""
-    archive = jars_dir(settings) / CLASS_ARCHIVE
-    return f"{JAVA_OPTIONS} -XX:SharedArchiveFile={shlex.quote(str(archive))}" if archive.is_file() else JAVA_OPTIONS
-
-
 def spark_jars(settings: Settings) -> list[str]:
     directory = jars_dir(settings)
     jars = sorted(str(p) for p in directory.glob("*.jar"))
@@ -64,19 +57,37 @@ def file_io(settings: Settings) -> dict[str, str]:
     return props
 
 
-def jars_conf(settings: Settings) -> dict[str, str]:
-    """The jars as Spark configuration. A local driver this process starts (not one under
-    spark-submit, whose JVM runs already) has them on its JVM's class path, after Spark's own
-    so that Spark's classes win where a bundle carries another version as they do under
-    `spark.jars`: its classes go in the class archive, and no copy of them is made for the
-    local executor (150 MB for each start, left in the temporary directory by a killed one)."""
-    from pyspark.find_spark_home import _find_spark_home
+def starts_local_driver(settings: Settings) -> bool:
+    """Whether this process starts the driver's JVM itself, for a local master (not under
+    spark-submit, whose JVM runs already, nor for a cluster's executors)."""
+    master = settings.spark.master or "local"  # PySpark's default
+    return "PYSPARK_GATEWAY_PORT" not in os.environ and re.fullmatch(r"local(\[.*\])?", master) is not None
 
-    jars = spark_jars(settings)
-    if "PYSPARK_GATEWAY_PORT" in os.environ or not (settings.spark.master or "local").startswith("local"):
-        return {"spark.jars": ",".join(jars)}
-    spark_home = _find_spark_home()  # type: ignore[no-untyped-call]
-    return {"spark.driver.extraClassPath": os.pathsep.join([os.path.join(spark_home, "jars", "*"), *jars])}
+
+def driver_conf(settings: Settings) -> dict[str, str]:
+    """The jars and the driver JVM's options as Spark configuration. A local driver this
+    process starts has the jars on its class path, after Spark's own so that Spark's classes
+    win where a bundle carries another version (as under `spark.jars`), and maps the class
+    archive beside them if there is one (infra/class_archive.py: the session and its first
+    queries start in about half the time, docs/performance.md); no copy of the jars is made
+    for its executor (150 MB a start under `spark.jars`, left behind by a killed process).
+    Otherwise the jars go as `spark.jars`, which Spark ships to the executors. The
+    configuration's own `spark.driver.extraClassPath` or `spark.jars` comes after the jars; its own
+    `spark.driver.extraJavaOptions` replace `JAVA_OPTIONS`, with the archive unless they
+    name one (`-Xshare`, `SharedArchiveFile`)."""
+    from iceberg import compat_spark
+
+    jars, own = spark_jars(settings), settings.spark.conf
+    options = own.get("spark.driver.extraJavaOptions", JAVA_OPTIONS)
+    if not starts_local_driver(settings):
+        shipped = ",".join([*jars, *filter(None, [own.get("spark.jars")])])
+        return {"spark.jars": shipped, "spark.driver.extraJavaOptions": options}
+    path = [os.path.join(compat_spark.spark_home(), "jars", "*"), *jars]
+    archive = jars_dir(settings) / CLASS_ARCHIVE
+    if archive.is_file() and not re.search(r"-Xshare|SharedArchiveFile|ArchiveClassesAtExit", options):
+        options = f"{options} -XX:SharedArchiveFile={shlex.quote(str(archive))}"
+    classes = os.pathsep.join([*path, *filter(None, [own.get("spark.driver.extraClassPath")])])
+    return {"spark.driver.extraClassPath": classes, "spark.driver.extraJavaOptions": options}
 
 
 def spark_conf(settings: Settings) -> dict[str, str]:
@@ -84,7 +95,6 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     name = settings.catalog.name
     prefix = f"spark.sql.catalog.{name}"
     conf = {
-        **jars_conf(settings),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         **{f"{prefix}.{k}": v for k, v in spark_catalog_properties(settings).items()},
@@ -109,9 +119,9 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.redaction.regex": (
             r"(?i)secret|password|token|credential|access[.]?key|account[.]key|sasl[.]jaas[.]config|connection_string"
         ),
-        "spark.driver.extraJavaOptions": java_options(settings),
         **{f"{prefix}.{k}": v for k, v in file_io(settings).items()},
         **settings.spark.conf,
+        **driver_conf(settings),  # with the configuration's own class path and JVM options
     }
     return conf
 

@@ -146,12 +146,14 @@ def test_a_python_workers_error_reaches_the_driver_with_its_class_and_message(sp
 
 
 @pytest.mark.spark
-def test_the_jvm_started_with_its_output_redirected_is_the_one_spark_uses(spark, tmp_path):
+def test_the_jvm_started_with_its_output_redirected_is_the_one_spark_uses_and_stops_with_it(spark, tmp_path):
     """In a process of its own: this one's JVM is running already."""
     assert compat_spark.jvm_started()
     log = tmp_path / "jvm.log"
     script = textwrap.dedent(
         f"""
+        import os
+
         from pyspark import SparkConf, SparkContext
         from iceberg import compat_spark
 
@@ -164,11 +166,19 @@ def test_the_jvm_started_with_its_output_redirected_is_the_one_spark_uses(spark,
         gateway.jvm.System.out.flush()
         sc = SparkContext(conf=conf)
         assert sc._gateway is gateway, "SparkContext started a JVM of its own"
-        sc.stop()
+        pid = gateway.jvm.ProcessHandle.current().pid()
+        from pyspark.sql import SparkSession
+
+        assert compat_spark.stop_jvm(SparkSession(sc), timeout=60) == 0
+        try:
+            os.kill(pid, 0)
+            raise AssertionError("the JVM still runs")
+        except ProcessLookupError:
+            pass
         """
     )
     root = Path(__file__).resolve().parents[2]
-    with contract("java_gateway.launch_gateway + SparkContext._ensure_initialized / _gateway", "pyspark"):
+    with contract("java_gateway.launch_gateway + SparkContext._ensure_initialized / _gateway (.proc)", "pyspark"):
         done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "from the jvm" in log.read_text(), "the JVM's output did not go where it was sent"
@@ -290,42 +300,62 @@ def test_the_jvm_read_gives_the_rows_sparks_scans_give(spark, settings):
         assert rows(got) == want and want
 
 
-def test_the_driver_jvm_maps_the_class_archive_beside_the_jars(spark, tmp_path):
-    """`java_options` names the archive in the jars' directory when it is there (set-up writes
-    it: infra/class_archive.py), and the session's JVM was started with it."""
+def test_a_local_driver_has_the_jars_on_its_class_path_after_sparks_own_and_the_class_archive(tmp_path, monkeypatch):
+    """A local driver this process starts: the jars on its class path after Spark's own, then
+    the configuration's; the class archive beside the jars, if there, unless the configuration's
+    JVM options name one. Under spark-submit or for a cluster: `spark.jars`, then the
+    configuration's."""
     from connector.core.config import load_settings
-    from iceberg.spark import CLASS_ARCHIVE, JAVA_OPTIONS, java_options
+    from iceberg.spark import CLASS_ARCHIVE, JAVA_OPTIONS, driver_conf
 
-    s = load_settings(work_dir=tmp_path, spark={"jars_dir": str(tmp_path / "jars space")})
-    (tmp_path / "jars space").mkdir()
-    assert java_options(s) == JAVA_OPTIONS
-    (tmp_path / "jars space" / CLASS_ARCHIVE).write_bytes(b"")
-    assert java_options(s) == f"{JAVA_OPTIONS} -XX:SharedArchiveFile='{tmp_path / 'jars space' / CLASS_ARCHIVE}'"
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    jars = tmp_path / "jars space"
+    jars.mkdir()
+    names = [str(jars / n) for n in ("cdclake-delta-writer.jar", "iceberg-spark-runtime-x.jar")]
+    for n in names:
+        Path(n).write_bytes(b"")
+    spark_jars = str(Path(compat_spark.spark_home()) / "jars" / "*")
+    assert list((Path(compat_spark.spark_home()) / "jars").glob("spark-core_*.jar")), "PySpark's own lookup"
+
+    def conf(**spark):
+        return driver_conf(load_settings(work_dir=tmp_path, spark={"jars_dir": str(jars), **spark}))
+
+    local = {"spark.driver.extraClassPath": ":".join([spark_jars, *names])}
+    local["spark.driver.extraJavaOptions"] = JAVA_OPTIONS
+    assert conf() == conf(master="local[2]") == local
+    (jars / CLASS_ARCHIVE).write_bytes(b"")
+    archive = f"-XX:SharedArchiveFile='{jars / CLASS_ARCHIVE}'"
+    assert conf() == local | {"spark.driver.extraJavaOptions": f"{JAVA_OPTIONS} {archive}"}
+    own = {"spark.driver.extraClassPath": "/x.jar", "spark.driver.extraJavaOptions": "-Xmx1g"}
+    assert conf(conf=own) == {
+        "spark.driver.extraClassPath": ":".join([spark_jars, *names, "/x.jar"]),
+        "spark.driver.extraJavaOptions": f"-Xmx1g {archive}",
+    }
+    assert conf(conf={"spark.driver.extraJavaOptions": "-Xshare:off"})["spark.driver.extraJavaOptions"] == "-Xshare:off"
+    shipped = {"spark.jars": ",".join(names), "spark.driver.extraJavaOptions": JAVA_OPTIONS}
+    assert conf(master="spark://127.0.0.1:7077") == conf(master="k8s://https://h:443") == shipped
+    assert conf(master="spark://h:7077", conf={"spark.jars": "/x.jar"})["spark.jars"] == ",".join([*names, "/x.jar"])
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    assert conf() == shipped
+
+
+@pytest.mark.spark
+def test_the_sessions_jvm_maps_the_class_archive_and_gets_sparks_classes_first(spark):
+    """The session's JVM was started with the class archive set-up wrote (infra/class_archive.py),
+    which a JVM of its class path maps (`-Xshare:on` fails where it cannot); a class both Spark
+    and a bundle carry (the AWS bundle's older commons-codec) is Spark's."""
+    from iceberg.spark import CLASS_ARCHIVE, DEFAULT_JARS_DIR
+
     archive = DEFAULT_JARS_DIR / CLASS_ARCHIVE
     assert archive.is_file(), "no class archive: `bash infra/fetch-jars.sh` writes it"
     jvm = spark.sparkContext._jvm
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert f"-XX:SharedArchiveFile={archive}" in arguments
-
-
-def test_a_local_driver_has_the_jars_on_its_class_path_after_sparks_own(spark, tmp_path, monkeypatch):
-    """A local driver this process starts: the jars on its class path, Spark's first (the AWS
-    bundle carries an older commons-codec than Spark's, whose classes Spark gets); a cluster's
-    or spark-submit's: `spark.jars`, which Spark ships to the executors."""
-    from connector.core.config import load_settings
-    from iceberg.spark import jars_conf, spark_jars
-
-    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
-    s = load_settings(work_dir=tmp_path)
-    jars = spark_jars(s)
-    (path,) = jars_conf(s).values()
-    assert path.split(":")[1:] == jars and path.split(":")[0].endswith("/jars/*")
-    assert jars_conf(load_settings(work_dir=tmp_path, spark={"master": "spark://127.0.0.1:7077"})) == {
-        "spark.jars": ",".join(jars)
-    }
-    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
-    assert jars_conf(s) == {"spark.jars": ",".join(jars)}
-    jvm = spark.sparkContext._jvm
+    java = Path(jvm.System.getProperty("java.home")) / "bin" / "java"
+    classes = jvm.System.getProperty("java.class.path")
+    command = [java, "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", classes, "-version"]
+    mapped = subprocess.run(command, capture_output=True, text=True)
+    assert mapped.returncode == 0, mapped.stdout + mapped.stderr
     codec = jvm.java.lang.Class.forName("org.apache.commons.codec.binary.Hex")
     source = str(codec.getProtectionDomain().getCodeSource().getLocation().getPath())
     assert "/pyspark/jars/commons-codec-" in source, source

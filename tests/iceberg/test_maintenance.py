@@ -46,9 +46,10 @@ def test_rewrite_when_files_exceed_what_the_bytes_need_or_a_fifth_and_many_rows_
         (TableShape(data_bytes=10 * 1024 * MB, records=10**6), 2, 512 * MB),  # the table's own size
         (TableShape(data_bytes=1024 * MB, records=10**6, target_file_bytes=64 * MB), 4, 64 * MB),
         (TableShape(), 2, 4 * MB),
+        (TableShape(data_bytes=16 * MB, records=10**6, target_file_bytes=2 * MB), 2, 2 * MB),  # never above its own
     ],
 )
-def test_a_rewrite_spreads_a_table_smaller_than_its_target_size_over_the_cores(shape, cores, target):
+def test_a_rewrite_spreads_a_table_of_fewer_files_than_cores_over_the_cores(shape, cores, target):
     assert rewrite_file_bytes(shape, cores) == pytest.approx(target, abs=1)
 
 
