@@ -266,7 +266,10 @@ class SparkConfig(Section):
     shuffle_partitions: int = Field(8, gt=0, description="spark.sql.shuffle.partitions: about 4x the cores")
     jars_dir: str | None = Field(None, description="directory of Spark's JVM jars; default <repo>/.cache/jars")
     conf: dict[str, str] = Field(
-        default_factory=dict, description='more Spark settings, e.g. {"spark.executor.memory" = "8g"}; they win'
+        default_factory=dict,
+        description='more Spark settings, e.g. {"spark.executor.memory" = "8g"}; they win, but for the '
+        "driver's class path and `spark.jars` (after the project's jars) and its JVM options (with the "
+        "class archive unless they name one)",
     )
 
     @field_validator("master")
