@@ -17,7 +17,7 @@ $runtime && stamp=.venv/.stamp-runtime   # a runtime set-up does not stand for t
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # uv links the packages from its cache (~/.cache/uv) where pip unpacks them again: PySpark
   # alone is 400 MB (a new .venv: about 30 s against 80 s on a 2-core machine)
-  [ -x .venv/bin/uv ] || .venv/bin/pip install -q --disable-pip-version-check "uv==0.13.9"
+  .venv/bin/pip install -q --disable-pip-version-check "uv==0.13.9"   # the pinned uv, whatever .venv had
   .venv/bin/uv pip install -q --python .venv/bin/python -e ".$extras"
   touch "$stamp"
 fi
