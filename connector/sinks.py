@@ -73,7 +73,7 @@ class Sinks:
             try:  # created with its first snapshot, so every commit is conditional on one: one catalog write
                 identifier, layout = (self.namespace, name), _layout(name)
                 with self.catalog.create_table_transaction(identifier, layout, self.location(name)) as tx:
-                    tx.append(layout.empty_table(), snapshot_properties=self._props(None))
+                    compat.append_data_files(tx, [], self._props(None), "main")  # no Arrow to check
                 log.info("created table %s.%s", self.namespace, name)
             except (TableAlreadyExistsError, CommitFailedException):
                 pass  # another process created it first

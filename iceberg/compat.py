@@ -208,6 +208,13 @@ class MetadataParsedOnce:
         _PARSED[key] = (location, size, shared(response.metadata))
         return response
 
+    def _create_staged_table(self, *args: Any, **kwargs: Any) -> Any:
+        """A table being created (`create_table_transaction`), with metadata never copied
+        (`shared`): its transaction applies a dozen changes, each deep-copying the metadata."""
+        staged = super()._create_staged_table(*args, **kwargs)  # type: ignore[misc]
+        staged.metadata = shared(staged.metadata)
+        return staged
+
     def _convert_orm_to_iceberg(self, orm_table: Any) -> Table:
         from pyiceberg.io import load_file_io
         from pyiceberg.serializers import FromInputFile

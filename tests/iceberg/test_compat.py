@@ -183,23 +183,29 @@ def test_a_commit_without_retries_fails_where_main_moved_and_pyiceberg_would_ret
     assert sorted(catalog.load_table(("ns", "r")).scan().to_arrow()["x"].to_pylist()) == [1, 2, 4]
 
 
-def test_shared_metadata_is_never_copied_and_commits_as_pyicebergs_own(catalog, monkeypatch):
-    import copy
-
+@pytest.fixture
+def copies(monkeypatch) -> list[str]:
+    """The deep copies of table metadata made from here on (the class of each)."""
     from pydantic import BaseModel
     from pyiceberg.table.metadata import TableMetadataCommonFields
 
-    for name in ("ours", "theirs"):
-        catalog.create_table(("ns", name), schema=pa.schema([("x", pa.int64())])).append(pa.table({"x": [1]}))
-    copies = []
+    made: list[str] = []
     deepcopy = BaseModel.__deepcopy__
 
     def counted(self, memo=None):
         if isinstance(self, TableMetadataCommonFields):
-            copies.append(type(self).__name__)
+            made.append(type(self).__name__)
         return deepcopy(self, memo)
 
     monkeypatch.setattr(BaseModel, "__deepcopy__", counted)
+    return made
+
+
+def test_shared_metadata_is_never_copied_and_commits_as_pyicebergs_own(catalog, copies):
+    import copy
+
+    for name in ("ours", "theirs"):
+        catalog.create_table(("ns", name), schema=pa.schema([("x", pa.int64())])).append(pa.table({"x": [1]}))
 
     class Parsing(compat.MetadataParsedOnce, SqlCatalog):
         pass
@@ -226,6 +232,28 @@ def test_shared_metadata_is_never_copied_and_commits_as_pyicebergs_own(catalog, 
     assert ours.schema() == theirs.schema() and ours.properties["p"] == theirs.properties["p"] == "q"
     assert ours.current_snapshot().summary["k"] == "v"
     assert ours.scan().to_arrow().to_pylist() == theirs.scan().to_arrow().to_pylist()
+
+
+def test_a_table_created_in_a_transaction_has_metadata_never_copied_and_is_pyicebergs_own(catalog, copies):
+    class Parsing(compat.MetadataParsedOnce, SqlCatalog):
+        pass
+
+    made = {}
+    with contract("MetastoreCatalog._create_staged_table, CreateTableTransaction.commit_transaction", "pyiceberg"):
+        for name, cat in (("theirs", catalog), ("ours", Parsing("compat", **catalog.properties))):
+            copies.clear()
+            tx = cat.create_table_transaction(("ns", name), LOG_SCHEMA)
+            compat.append_data_files(tx, [], {"k": name}, "main")
+            made[name] = (tx.commit_transaction(), list(copies))
+        assert made["theirs"][1], "pyiceberg's own creation deep-copies the metadata"
+        assert made["ours"][1] == []
+    for name, (table, _) in made.items():
+        loaded = catalog.load_table(("ns", name))
+        assert table.metadata_location == loaded.metadata_location
+        assert table.metadata.model_dump() == loaded.metadata.model_dump()
+        assert table.current_snapshot().summary["k"] == name and loaded.scan().to_arrow().num_rows == 0
+    theirs, ours = (catalog.load_table(("ns", n)) for n in ("theirs", "ours"))
+    assert ours.schema() == theirs.schema() and ours.spec() == theirs.spec()
 
 
 def test_a_table_loaded_again_takes_its_metadata_files_parse_and_is_the_table_pyiceberg_loads(
