@@ -210,7 +210,8 @@ class MetadataParsedOnce:
 
     def _create_staged_table(self, *args: Any, **kwargs: Any) -> Any:
         """A table being created (`create_table_transaction`), with metadata never copied
-        (`shared`): its transaction applies a dozen changes, each deep-copying the metadata."""
+        (`shared`): its transaction applies its changes again and deep-copies the result at every
+        read of its metadata, about a dozen times in a creation."""
         staged = super()._create_staged_table(*args, **kwargs)  # type: ignore[misc]
         staged.metadata = shared(staged.metadata)
         return staged

@@ -11,7 +11,8 @@ if ! ls "$out"/iceberg-spark-runtime-*.jar >/dev/null 2>&1 || [ ! "$out/.stamp" 
   rm -rf "$out" && mkdir -p "$out"
   echo "fetching Spark jars (iceberg-spark-runtime, iceberg-aws-bundle, iceberg-azure-bundle, sqlite-jdbc, postgresql, spark-sql-kafka) with Maven into $out" >&2
   mkdir -p "$HOME/.m2"   # one resolution at a time into Maven's cache (set-ups may run at once)
-  flock "$HOME/.m2/.cdclake-fetch.lock" mvn -q -B -s infra/maven-settings.xml -f infra/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/$out" -DincludeScope=runtime
+  lock=() && command -v flock >/dev/null && lock=(flock "$HOME/.m2/.cdclake-fetch.lock")
+  "${lock[@]}" mvn -q -B -s infra/maven-settings.xml -f infra/pom.xml dependency:copy-dependencies -DoutputDirectory="$PWD/$out" -DincludeScope=runtime
   touch "$out/.stamp"
 fi
 if [ ! "$out/cdclake-delta-writer.jar" -nt "$out/.stamp" ] || [ -n "$(find "$helpers" -name '*.java' -newer "$out/cdclake-delta-writer.jar")" ]; then

@@ -183,6 +183,10 @@ def test_a_commit_without_retries_fails_where_main_moved_and_pyiceberg_would_ret
     assert sorted(catalog.load_table(("ns", "r")).scan().to_arrow()["x"].to_pylist()) == [1, 2, 4]
 
 
+class Parsing(compat.MetadataParsedOnce, SqlCatalog):
+    """The project's SQL catalog mixin over pyiceberg's own."""
+
+
 @pytest.fixture
 def copies(monkeypatch) -> list[str]:
     """The deep copies of table metadata made from here on (the class of each)."""
@@ -206,9 +210,7 @@ def test_shared_metadata_is_never_copied_and_commits_as_pyicebergs_own(catalog, 
 
     for name in ("ours", "theirs"):
         catalog.create_table(("ns", name), schema=pa.schema([("x", pa.int64())])).append(pa.table({"x": [1]}))
-
-    class Parsing(compat.MetadataParsedOnce, SqlCatalog):
-        pass
+    copies.clear()  # those of the set-up
 
     def commit(table) -> None:
         table.append(pa.table({"x": [2]}), snapshot_properties={"k": "v"})
@@ -235,9 +237,6 @@ def test_shared_metadata_is_never_copied_and_commits_as_pyicebergs_own(catalog, 
 
 
 def test_a_table_created_in_a_transaction_has_metadata_never_copied_and_is_pyicebergs_own(catalog, copies):
-    class Parsing(compat.MetadataParsedOnce, SqlCatalog):
-        pass
-
     made = {}
     with contract("MetastoreCatalog._create_staged_table, CreateTableTransaction.commit_transaction", "pyiceberg"):
         for name, cat in (("theirs", catalog), ("ours", Parsing("compat", **catalog.properties))):
@@ -260,9 +259,6 @@ def test_a_table_loaded_again_takes_its_metadata_files_parse_and_is_the_table_py
     catalog, tmp_path, monkeypatch
 ):
     from pyiceberg.serializers import FromInputFile
-
-    class Parsing(compat.MetadataParsedOnce, SqlCatalog):
-        pass
 
     parsing = Parsing("compat", **catalog.properties)
     parses = []
