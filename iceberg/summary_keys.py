@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from connector.core.ordering import Truncate
@@ -114,6 +114,19 @@ CLEANER_POINTS: SummaryKey[dict[str, int]] = SummaryKey(
 STREAM_BYTES: SummaryKey[dict[str, int]] = SummaryKey(
     "cdclake.stream-bytes", frozenset({"state", "tombstones"}), _counts_json, _counts, carried=True, rebuild_keeps=True
 )
+# At or before the earliest `expires_at` of the tombstones (`NEVER`: none), in each round's
+# commit to the tombstones: a pass tells from it, without reading a file, that no tombstone
+# is due to be purged. A round writing tombstones lowers it to theirs; the purge sets it to
+# the remaining ones' earliest.
+EXPIRES_FROM: SummaryKey[datetime] = SummaryKey(
+    "cdclake.expires-from",
+    frozenset({"tombstones"}),
+    datetime.isoformat,
+    datetime.fromisoformat,
+    carried=True,
+    rebuild_keeps=True,
+)
+NEVER = datetime.max.replace(tzinfo=UTC)
 # The table's truncate marker after the round, rewritten by every round's state commit.
 TRUNCATE: SummaryKey[Truncate] = SummaryKey(
     "cdclake.truncate", frozenset({"state"}), Truncate.to_json, Truncate.from_json, carried=True, rebuild_keeps=True
@@ -161,6 +174,7 @@ KEYS: tuple[SummaryKey[Any], ...] = (
     WRITER,
     CLEANER_POINTS,
     STREAM_BYTES,
+    EXPIRES_FROM,
     TRUNCATE,
     ORDERING,
     ROUND_RANGES,

@@ -5,7 +5,7 @@ and the read, which set what these steps write.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -27,7 +27,9 @@ from iceberg.maintenance import maintain
 from iceberg.summary_keys import (
     CLEANER_POINTS,
     DIRTY,
+    EXPIRES_FROM,
     LOG_SEEN,
+    NEVER,
     ORDERING,
     ROUND_RANGES,
     STALE_REASONS,
@@ -89,10 +91,17 @@ class RoundCommits:
         self.based: dict[str, int | None] = {}
         # per table (state, tombstones): whether it has `layouts.POSITION_TEXT` (or will: none yet)
         self.texts: dict[str, bool] = {}
+        # at or before the tombstones' earliest expiry (`EXPIRES_FROM`; None: not known)
+        self.expires_from: datetime | None = None
 
     def recorded(self, name: str) -> dict[str, str]:
-        """The snapshot property recording the bytes per stream `name` holds."""
-        return STREAM_BYTES.entry({s: b for s, b in self.bytes[name].items() if b})
+        """The snapshot properties recording the bytes per stream `name` holds and, for the
+        tombstones, their earliest expiry where it is known."""
+        expiry = self.expires_from if name == self.names.tombstones else None
+        return {
+            **STREAM_BYTES.entry({s: b for s, b in self.bytes[name].items() if b}),
+            **(EXPIRES_FROM.entry(expiry) if expiry is not None else {}),
+        }
 
     def write_tombstones(self) -> None:
         """5. The tombstones: a delete's own, removed for a key written or truncated (nothing
@@ -101,6 +110,8 @@ class RoundCommits:
         held = self.held_keys.get(tombstones, [])
         if self.report.deletes or held != []:
             retention = int(self.policy.tombstone_retention.total_seconds())
+            if self.report.deletes and self.expires_from is not None:  # each new tombstone's `expires_at`
+                self.expires_from = min(self.expires_from, self.now + timedelta(seconds=retention))
             source = writes.tombstone_source(self.changes, self.now, retention)
             if self.carried:
                 self.commit_delta(tombstones, "_held_t", source, "delete", self.recorded(tombstones))
@@ -171,24 +182,33 @@ class RoundCommits:
         writes.commit_delta(self.names.spark(name), source, keep, column, properties, self.based.get(name), columns)
 
     def purge(self) -> None:
-        """7. Purge expired tombstones (idempotent, its own commit)."""
-        tombstones = self.names.spark(self.names.tombstones)
-        purge = purge_predicate(self.now)
-        if not may_expire(self.catalog, self.names.tombstones, self.now):
+        """7. Purge expired tombstones (idempotent, its own commit), where the tombstones'
+        earliest expiry says one may have expired (`report.may_expire`); that commit records
+        the remaining ones' earliest (a properties-only commit where none had expired)."""
+        name = self.names.tombstones
+        if not may_expire(self.catalog, name, self.now):
             self.step("purge")
             return
-        gone = (
-            self.spark.table(tombstones)
-            .where(purge)
+        expired = F.expr(purge_predicate(self.now))
+        found = (
+            self.spark.table(self.names.spark(name))
             .groupBy("_topic", "_partition_id")
-            .agg(F.count(F.lit(1)), F.sum("_payload_bytes"))
+            .agg(
+                F.count_if(expired),
+                F.sum(F.when(expired, F.col("_payload_bytes"))),
+                F.unix_micros(F.min(F.when(~expired, F.col("expires_at")))),
+            )
             .collect()
         )
-        self.report.purged = sum(n for _, _, n, _ in gone)
+        self.report.purged = sum(n for _, _, n, _, _ in found)
+        rest = [us for *_, us in found if us is not None]
+        self.expires_from = datetime.fromtimestamp(0, UTC) + timedelta(microseconds=min(rest)) if rest else NEVER
+        self.bytes[name] = sum_streams(self.bytes[name], {f"{t}:{p}": -(b or 0) for t, p, _, b, _ in found})
         if self.report.purged:
-            name = self.names.tombstones
-            self.bytes[name] = sum_streams(self.bytes[name], {f"{t}:{p}": -(b or 0) for t, p, _, b in gone})
-            writes.write(self.spark, self.catalog, name, f"DELETE FROM {tombstones} WHERE {purge}", self.recorded(name))
+            sql = f"DELETE FROM {self.names.spark(name)} WHERE {purge_predicate(self.now)}"
+            writes.write(self.spark, self.catalog, name, sql, self.recorded(name))
+        else:
+            writes.record(self.spark, self.names.spark(name), self.recorded(name))
         self.step("purge")
 
     def trim_log(self) -> None:

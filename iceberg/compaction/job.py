@@ -46,7 +46,7 @@ from iceberg.compaction.quiet import left_dirty, seen_entries
 from iceberg.compaction.report import CompactionReport, holds_rows, range_filter, round_truncates, total_rows
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional, stream_stats, sum_streams
 from iceberg.layouts import TableNames, has_position_text
-from iceberg.summary_keys import TRUNCATE
+from iceberg.summary_keys import EXPIRES_FROM, NEVER, STREAM_BYTES, TRUNCATE
 from quotas.metrics import STALE
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,11 @@ class Round(RoundCommits):
         state = tables[names.state]
         self.marker = TRUNCATE.read(state) if state is not None else None
         self.points = cleaner_points(state)
+        tombstones = tables[names.tombstones]
+        if tombstones is None or names.tombstones not in self.holding:
+            self.expires_from = NEVER  # no tombstone
+        else:
+            self.expires_from = EXPIRES_FROM.read(tombstones, with_key=STREAM_BYTES)
         clean = sum_streams(*self.bytes.values())
         stats = {
             s.stream: s

@@ -20,6 +20,7 @@ from connector.core.ordering import Ordering, Truncate
 from iceberg import leases
 from iceberg.compaction.policy import CleanRange
 from iceberg.maintenance import sql_literal
+from iceberg.summary_keys import EXPIRES_FROM, STREAM_BYTES
 
 log = logging.getLogger("iceberg.compaction.job")  # the round's progress lines, with the job's own
 
@@ -85,11 +86,17 @@ def expired_by(now: datetime) -> BooleanExpression:
 
 
 def may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
-    """Whether the tombstones hold one expired by `now`. The files' `expires_at` bounds in the
-    manifests rule out most files without reading a row; a file they do not rule out is read
-    (that column only, its deletes applied), since it may hold only tombstones a MERGE or a
-    purge has deleted, until a rewrite drops them."""
-    scan = catalog.load_table(name).scan(row_filter=expired_by(now), selected_fields=("expires_at",))
+    """Whether the tombstones may hold one expired by `now`: by the earliest expiry their
+    commits record (`summary_keys.EXPIRES_FROM`, no file read). A table whose newest
+    commit of its bytes does not record it (written before the key was) is told by its
+    files: the `expires_at` bounds in the manifests rule out most without reading a row, and
+    a file they keep is read (that column only, its deletes applied), since it may hold only
+    tombstones a MERGE or a purge has deleted, until a rewrite drops them."""
+    table = catalog.load_table(name)
+    earliest = EXPIRES_FROM.read(table, with_key=STREAM_BYTES)
+    if earliest is not None:
+        return earliest <= now
+    scan = table.scan(row_filter=expired_by(now), selected_fields=("expires_at",))
     return bool(scan.to_arrow().num_rows > 0)  # one plan: reads only the files the bounds keep
 
 

@@ -71,6 +71,8 @@ CASES: list[tuple[sk.SummaryKey[Any], Any, str]] = [
         '{"older_than_state":1,"older_than_truncate":2}',
     ),
     (sk.TRIMMED_BEFORE, datetime(2030, 1, 1, 4, 30, tzinfo=UTC), "2030-01-01T04:30:00+00:00"),
+    (sk.EXPIRES_FROM, datetime(2030, 1, 2, 4, 30, 0, 5, tzinfo=UTC), "2030-01-02T04:30:00.000005+00:00"),
+    (sk.EXPIRES_FROM, sk.NEVER, "9999-12-31T23:59:59.999999+00:00"),
     (sk.LOG_SEEN, 6004071938446419107, "6004071938446419107"),
     (sk.DIRTY, {}, "{}"),
     (
@@ -116,7 +118,7 @@ def test_rebuild_keeps_the_state_s_round_record_and_the_bytes():
         "log": set(),
         "dead_letters": set(),
         "state": {"cdclake.cleaner-points", "cdclake.truncate", "cdclake.ordering", "cdclake.stream-bytes"},
-        "tombstones": {"cdclake.stream-bytes"},
+        "tombstones": {"cdclake.stream-bytes", "cdclake.expires-from"},
     }
 
 
