@@ -186,7 +186,7 @@ class RoundCommits:
         earliest expiry says one may have expired (`report.may_expire`); that commit records
         the remaining ones' earliest (a properties-only commit where none had expired)."""
         name = self.names.tombstones
-        if not may_expire(self.catalog, name, self.now):
+        if not may_expire(self.catalog, name, self.now, self.expires_from):  # the round's own record
             self.step("purge")
             return
         expired = F.expr(purge_predicate(self.now))

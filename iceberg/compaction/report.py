@@ -85,19 +85,21 @@ def expired_by(now: datetime) -> BooleanExpression:
     return LessThanOrEqual("expires_at", now.isoformat())  # type: ignore[call-arg,misc]
 
 
-def may_expire(catalog: Catalog, name: str, now: datetime) -> bool:
+def may_expire(catalog: Catalog, name: str, now: datetime, earliest: datetime | None = None) -> bool:
     """Whether the tombstones may hold one expired by `now`: by the earliest expiry their
-    commits record (`summary_keys.EXPIRES_FROM`, no file read). A table whose newest
-    commit of its bytes does not record it (written before the key was) is told by its
-    files: the `expires_at` bounds in the manifests rule out most without reading a row, and
-    a file they keep is read (that column only, its deletes applied), since it may hold only
-    tombstones a MERGE or a purge has deleted, until a rewrite drops them."""
-    table = catalog.load_table(name)
-    earliest = EXPIRES_FROM.read(table, with_key=STREAM_BYTES)
-    if earliest is not None:
-        return earliest <= now
-    scan = table.scan(row_filter=expired_by(now), selected_fields=("expires_at",))
-    return bool(scan.to_arrow().num_rows > 0)  # one plan: reads only the files the bounds keep
+    commits record (`summary_keys.EXPIRES_FROM`, no file read; `earliest`: that record, where
+    the caller holds it). A table whose newest commit of its bytes does not record it
+    (written before the key was) is told by its files: the `expires_at` bounds in the
+    manifests rule out most without reading a row, and a file they keep is read (that column
+    only, its deletes applied), since it may hold only tombstones a MERGE or a purge has
+    deleted, until a rewrite drops them."""
+    if earliest is None:
+        table = catalog.load_table(name)
+        earliest = EXPIRES_FROM.read(table, with_key=STREAM_BYTES)
+        if earliest is None:  # one plan: reads only the files the bounds keep
+            scan = table.scan(row_filter=expired_by(now), selected_fields=("expires_at",))
+            return bool(scan.to_arrow().num_rows > 0)
+    return earliest <= now
 
 
 def round_truncates(dirty: DataFrame, ordering: Ordering) -> list[Truncate]:

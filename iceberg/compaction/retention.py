@@ -14,18 +14,20 @@ Dead letters older than the cut-off go too. The log's trimming commit records th
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import reduce
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import BooleanExpression, LessThan
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from iceberg.compaction import writes
 from iceberg.compaction.stats import cleaner_points, load_optional
 from iceberg.layouts import TableNames
-from iceberg.summary_keys import TRIMMED_BEFORE
+from iceberg.summary_keys import APPENDED, TRIMMED_BEFORE
 
 
 def _rows(catalog: Catalog, name: str) -> int:
@@ -40,18 +42,55 @@ def _rows(catalog: Catalog, name: str) -> int:
     return int(props.get("total-records", 0)) - int(props.get("total-position-deletes", 0))
 
 
+# Summary fields of a commit that removed rows or files
+REMOVING = ("deleted-data-files", "deleted-records", "added-delete-files", "added-position-deletes", "removed-dvs")
+
+
 def _older(cutoff: datetime) -> BooleanExpression:
     return LessThan("enqueued_time", cutoff.isoformat())  # type: ignore[call-arg,misc]
 
 
 def log_due(catalog: Catalog, names: TableNames, points: dict[str, int], cutoff: datetime) -> bool:
-    """The trigger of the log's trim: the files that may hold rows older than `cutoff` (by
-    their bounds in the manifests) hold more rows than the keys may keep: two a live row or
-    tombstone of the state and tombstones (its winning event, and the one whose position it
-    took), so a trim leaves the trigger unmet."""
-    scan = catalog.load_table(names.log).scan(row_filter=_older(cutoff))
-    may = sum(t.file.record_count for t in scan.plan_files())
-    return bool(points) and may > 2 * sum(_rows(catalog, t) for t in (names.state, names.tombstones))
+    """The trigger of the log's trim: the log's rows that may be older than `cutoff` are more
+    than the keys may keep: two a live row or tombstone of the state and tombstones (its
+    winning event, and the one whose position it took), so a trim leaves the trigger unmet.
+    Told first by the log's commits (`may_be_older`), then, where they do not rule it out, by
+    the rows of the files whose bounds in the manifests say they may hold such a row."""
+    if not points:
+        return False
+    keep = 2 * sum(_rows(catalog, t) for t in (names.state, names.tombstones))
+    log_table = catalog.load_table(names.log)
+    most = may_be_older(log_table, cutoff)
+    if most is not None and most <= keep:
+        return False
+    return sum(t.file.record_count for t in log_table.scan(row_filter=_older(cutoff)).plan_files()) > keep
+
+
+def may_be_older(log_table: Table, cutoff: datetime) -> int | None:
+    """At most how many of the log's rows are older than `cutoff`, from its commits' summaries
+    alone: its rows less those its newest appends added where every row they added is not
+    older (`APPENDED`'s oldest enqueued time). The walk back ends at a commit that removed
+    rows or files (a trim, a rewrite: the files before it may have changed), at one that does
+    not record what it appended, and where the history does. None where the summary does not
+    count the rows."""
+    snapshot = log_table.current_snapshot()
+    total = snapshot.summary.additional_properties.get("total-records") if snapshot and snapshot.summary else None
+    if total is None:
+        return None if snapshot is not None else 0
+    young, us = 0, (cutoff - datetime.fromtimestamp(0, UTC)) // timedelta(microseconds=1)
+    while snapshot is not None and snapshot.summary is not None:
+        props = snapshot.summary.additional_properties
+        if any(int(props.get(k, 0)) for k in REMOVING):
+            break
+        added = int(props.get("added-records", 0))
+        if added:
+            record = APPENDED.of(snapshot)
+            if snapshot.summary.operation != Operation.APPEND or not record or min(r[4] for r in record.values()) < us:
+                break
+            young += added
+        parent = snapshot.parent_snapshot_id
+        snapshot = log_table.snapshot_by_id(parent) if parent is not None else None
+    return int(total) - young
 
 
 def dead_letters_due(catalog: Catalog, names: TableNames, cutoff: datetime) -> bool:

@@ -12,9 +12,11 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pyspark.sql import functions as F
 
 from connector.app import policy_of, status
 from iceberg.catalog import load_catalog
+from iceberg.compaction.retention import may_be_older
 from iceberg.reader import read_arrow
 from iceberg.verify import RebuildRefusedError, rebuild, verify
 from tests.iceberg.helpers import compact_table, decoded, names, offsets_by_key, run_ingest, with_source, write_lines
@@ -53,6 +55,12 @@ def test_log_retention_bounds_the_log_over_16_rounds(spark, settings, tmp_path):
         write_lines(path, [json.dumps(x) for x in lines])
         run_ingest(s)
         now = START + timedelta(hours=n, minutes=30)
+        # the trigger's count from the log's commits: at least the rows older than the cut-off
+        # (counted by Spark), less than all (this round's are younger)
+        cutoff, table = now - timedelta(hours=RETENTION_H), load_catalog(s).load_table(log)
+        older = spark.table(names(s, "things").spark(log)).where(F.col("enqueued_time") < F.lit(cutoff)).count()
+        total = int(table.current_snapshot().summary["total-records"])
+        assert older <= may_be_older(table, cutoff) < total
         report = compact_table(spark, s, "things", now=now, packed=False, log_retention=True)  # as in production
         sizes.append(load_catalog(s).load_table(log).scan().count())
         trimmed.append(report.trimmed)
