@@ -5,7 +5,7 @@ and the read, which set what these steps write.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -18,7 +18,7 @@ from iceberg import leases
 from iceberg.compaction import schema, writes
 from iceberg.compaction.policy import CompactionPolicy
 from iceberg.compaction.quiet import upkeep
-from iceberg.compaction.report import CompactionReport, Steps, may_expire
+from iceberg.compaction.report import CompactionReport, Steps, earliest_expiry, may_expire
 from iceberg.compaction.retain import purge_predicate
 from iceberg.compaction.retention import trim
 from iceberg.compaction.stats import StreamStats, sum_streams
@@ -111,7 +111,9 @@ class RoundCommits:
         if self.report.deletes or held != []:
             retention = int(self.policy.tombstone_retention.total_seconds())
             if self.report.deletes and self.expires_from is not None:  # each new tombstone's `expires_at`
-                self.expires_from = min(self.expires_from, self.now + timedelta(seconds=retention))
+                self.expires_from = min(
+                    self.expires_from, self.now + min(timedelta(seconds=retention), NEVER - self.now)
+                )
             source = writes.tombstone_source(self.changes, self.now, retention)
             if self.carried:
                 self.commit_delta(tombstones, "_held_t", source, "delete", self.recorded(tombstones))
@@ -189,26 +191,21 @@ class RoundCommits:
         if not may_expire(self.catalog, name, self.now, self.expires_from):  # the round's own record
             self.step("purge")
             return
-        expired = F.expr(purge_predicate(self.now))
-        found = (
-            self.spark.table(self.names.spark(name))
+        tombstones, purge = self.names.spark(name), purge_predicate(self.now)
+        gone = (
+            self.spark.table(tombstones)
+            .where(purge)
             .groupBy("_topic", "_partition_id")
-            .agg(
-                F.count_if(expired),
-                F.sum(F.when(expired, F.col("_payload_bytes"))),
-                F.unix_micros(F.min(F.when(~expired, F.col("expires_at")))),
-            )
+            .agg(F.count(F.lit(1)), F.sum("_payload_bytes"))
             .collect()
         )
-        self.report.purged = sum(n for _, _, n, _, _ in found)
-        rest = [us for *_, us in found if us is not None]
-        self.expires_from = datetime.fromtimestamp(0, UTC) + timedelta(microseconds=min(rest)) if rest else NEVER
-        self.bytes[name] = sum_streams(self.bytes[name], {f"{t}:{p}": -(b or 0) for t, p, _, b, _ in found})
+        self.report.purged = sum(n for _, _, n, _ in gone)
+        self.expires_from = earliest_expiry(self.catalog.load_table(name), self.now)
         if self.report.purged:
-            sql = f"DELETE FROM {self.names.spark(name)} WHERE {purge_predicate(self.now)}"
-            writes.write(self.spark, self.catalog, name, sql, self.recorded(name))
+            self.bytes[name] = sum_streams(self.bytes[name], {f"{t}:{p}": -(b or 0) for t, p, _, b in gone})
+            writes.write(self.spark, self.catalog, name, f"DELETE FROM {tombstones} WHERE {purge}", self.recorded(name))
         else:
-            writes.record(self.spark, self.names.spark(name), self.recorded(name))
+            writes.record(self.spark, tombstones, self.recorded(name))
         self.step("purge")
 
     def trim_log(self) -> None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import BooleanExpression, LessThanOrEqual
 from pyiceberg.table import Table
@@ -17,12 +19,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from connector.core.ordering import Ordering, Truncate
-from iceberg import leases
+from iceberg import compat, leases
 from iceberg.compaction.policy import CleanRange
 from iceberg.maintenance import sql_literal
-from iceberg.summary_keys import EXPIRES_FROM, STREAM_BYTES
+from iceberg.summary_keys import EXPIRES_FROM, NEVER, STREAM_BYTES
 
-log = logging.getLogger("iceberg.compaction.job")  # the round's progress lines, with the job's own
+log = logging.getLogger("iceberg.compaction.job")
+EPOCH = datetime.fromtimestamp(0, UTC)  # the round's progress lines, with the job's own
 
 
 @dataclass
@@ -100,6 +103,36 @@ def may_expire(catalog: Catalog, name: str, now: datetime, earliest: datetime | 
             scan = table.scan(row_filter=expired_by(now), selected_fields=("expires_at",))
             return bool(scan.to_arrow().num_rows > 0)
     return earliest <= now
+
+
+def earliest_expiry(table: Table, now: datetime) -> datetime:
+    """The earliest `expires_at` later than `now` among the tombstones of `table` (`NEVER`:
+    none): what a purge at `now` leaves. A file whose lower bound in the manifests is later
+    than `now` gives that bound (at or before its rows'); one whose upper bound is not later
+    holds only expired tombstones; the rest (a file of several rounds' tombstones, some
+    expired, or one without bounds) are read, that column only, their deletes applied."""
+    scan = table.scan(selected_fields=("expires_at",))
+    field, at = table.schema().find_field("expires_at").field_id, _us(now)
+    found, read = [], []
+    for task in scan.plan_files():
+        low, high = ((b or {}).get(field) for b in (task.file.lower_bounds, task.file.upper_bounds))
+        if low is not None and _long(low) > at:
+            found.append(_long(low))
+        elif high is None or _long(high) > at:
+            read.append(task)
+    if read:
+        values = compat.file_reader(scan)(read)["expires_at"].cast(pa.int64())
+        later = pc.min(pc.filter(values, pc.greater(values, at))).as_py()
+        found += [later] if later is not None else []
+    return EPOCH + timedelta(microseconds=min(found)) if found else NEVER
+
+
+def _long(bound: bytes) -> int:
+    return int.from_bytes(bound, "little", signed=True)  # a timestamp's bound: microseconds
+
+
+def _us(t: datetime) -> int:
+    return (t - EPOCH) // timedelta(microseconds=1)
 
 
 def round_truncates(dirty: DataFrame, ordering: Ordering) -> list[Truncate]:

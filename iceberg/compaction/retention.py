@@ -7,7 +7,7 @@ bare tombstone's delete), and every truncate (it removes older keys on recomputa
 The rest older than the cut-off is removed by a row delete, once the files whose
 `enqueued_time` bounds say they may hold old rows hold more than twice the rows of the
 state and tombstones (the most the keys keep): a steady stream trims in batches, not each
-round.
+round. The log's commits rule the trim out first where they can (`may_be_older`).
 Dead letters older than the cut-off go too. The log's trimming commit records the cut-off
 (`summary_keys.TRIMMED_BEFORE`).
 """
@@ -78,6 +78,7 @@ def may_be_older(log_table: Table, cutoff: datetime) -> int | None:
     if total is None:
         return None if snapshot is not None else 0
     young, us = 0, (cutoff - datetime.fromtimestamp(0, UTC)) // timedelta(microseconds=1)
+    by_id = {s.snapshot_id: s for s in log_table.snapshots()}  # pyiceberg's `snapshot_by_id` searches a list
     while snapshot is not None and snapshot.summary is not None:
         props = snapshot.summary.additional_properties
         if any(int(props.get(k, 0)) for k in REMOVING):
@@ -88,8 +89,7 @@ def may_be_older(log_table: Table, cutoff: datetime) -> int | None:
             if snapshot.summary.operation != Operation.APPEND or not record or min(r[4] for r in record.values()) < us:
                 break
             young += added
-        parent = snapshot.parent_snapshot_id
-        snapshot = log_table.snapshot_by_id(parent) if parent is not None else None
+        snapshot = by_id.get(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
     return int(total) - young
 
 
