@@ -24,8 +24,8 @@ from iceberg.compaction.policy import CleanRange
 from iceberg.maintenance import sql_literal
 from iceberg.summary_keys import EXPIRES_FROM, NEVER, STREAM_BYTES
 
-log = logging.getLogger("iceberg.compaction.job")
-EPOCH = datetime.fromtimestamp(0, UTC)  # the round's progress lines, with the job's own
+log = logging.getLogger("iceberg.compaction.job")  # the round's progress lines, with the job's own
+EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 @dataclass
@@ -112,7 +112,7 @@ def earliest_expiry(table: Table, now: datetime) -> datetime:
     holds only expired tombstones; the rest (a file of several rounds' tombstones, some
     expired, or one without bounds) are read, that column only, their deletes applied."""
     scan = table.scan(selected_fields=("expires_at",))
-    field, at = table.schema().find_field("expires_at").field_id, _us(now)
+    field, at = table.schema().find_field("expires_at").field_id, micros(now)
     found, read = [], []
     for task in scan.plan_files():
         low, high = ((b or {}).get(field) for b in (task.file.lower_bounds, task.file.upper_bounds))
@@ -131,7 +131,8 @@ def _long(bound: bytes) -> int:
     return int.from_bytes(bound, "little", signed=True)  # a timestamp's bound: microseconds
 
 
-def _us(t: datetime) -> int:
+def micros(t: datetime) -> int:
+    """`t` (aware) in microseconds since the epoch, exactly."""
     return (t - EPOCH) // timedelta(microseconds=1)
 
 

@@ -14,7 +14,7 @@ Dead letters older than the cut-off go too. The log's trimming commit records th
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from functools import reduce
 
 from pyiceberg.catalog import Catalog
@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from iceberg.compaction import writes
+from iceberg.compaction.report import micros
 from iceberg.compaction.stats import cleaner_points, load_optional
 from iceberg.layouts import TableNames
 from iceberg.summary_keys import APPENDED, TRIMMED_BEFORE
@@ -77,7 +78,7 @@ def may_be_older(log_table: Table, cutoff: datetime) -> int | None:
     total = snapshot.summary.additional_properties.get("total-records") if snapshot and snapshot.summary else None
     if total is None:
         return None if snapshot is not None else 0
-    young, us = 0, (cutoff - datetime.fromtimestamp(0, UTC)) // timedelta(microseconds=1)
+    young, us = 0, micros(cutoff)
     by_id = {s.snapshot_id: s for s in log_table.snapshots()}  # pyiceberg's `snapshot_by_id` searches a list
     while snapshot is not None and snapshot.summary is not None:
         props = snapshot.summary.additional_properties
