@@ -17,7 +17,7 @@ leases, S3 conditional writes, a file on local disk) would be three to keep and 
 from __future__ import annotations
 
 import tempfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -100,6 +100,41 @@ class Catalog(compat.MetadataParsedOnce, SqlCatalog):
                 f"the file from a backup, or register the table again at an earlier metadata file{previous} with "
                 "Iceberg's register_table; other tables are not affected"
             ) from None
+
+
+class Loaded:
+    """A catalog whose tables are each loaded once, until a step that writes one reloads it
+    (`reload`): the metadata of one moment, for decisions that look at a table several times."""
+
+    def __init__(self, catalog: Any):
+        self.catalog, self.tables = catalog, dict[str, Any]()  # None: the table does not exist
+
+    def load_table(self, name: str) -> Any:
+        if name not in self.tables:
+            try:
+                self.tables[name] = self.catalog.load_table(name)
+            except NoSuchTableError:
+                self.tables[name] = None
+        if self.tables[name] is None:
+            raise NoSuchTableError(f"Table does not exist: {name}")
+        return self.tables[name]
+
+    def table_exists(self, name: str) -> bool:
+        if name not in self.tables and not self.catalog.table_exists(name):
+            self.tables[name] = None
+        return self.tables.get(name, True) is not None
+
+
+def forget(catalog: Any, name: str) -> None:
+    """After a write to table `name`: a `Loaded` catalog loads it again when next asked."""
+    if isinstance(catalog, Loaded):
+        catalog.tables.pop(name, None)
+
+
+def reload(catalog: Any, name: str) -> Any:
+    """Table `name` as the catalog has it now."""
+    forget(catalog, name)
+    return catalog.load_table(name)
 
 
 class RestCatalogWithLeases(RestCatalog):

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from iceberg.catalog import forget, reload
+
 if TYPE_CHECKING:
     from typing import Any
 
@@ -212,7 +214,7 @@ def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, p
         if rewrite_pending(table, t, policy):
             spark.sql(f"{call}rewrite_manifests(table => {sql_literal(name)})")
             done.append(f"rewrite manifests {name}")
-            table = catalog.load_table(name)
+            table = reload(catalog, name)
     elif rewrite_pending(table, t, policy):
         target = rewrite_file_bytes(shape_of(table), spark.sparkContext.defaultParallelism)
         spark.sql(
@@ -223,7 +225,7 @@ def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, p
             options = "map('rewrite-all', 'true')"
             spark.sql(f"{call}rewrite_position_delete_files(table => {sql_literal(name)}, options => {options})")
         done.append(f"rewrite {name}")
-        table = catalog.load_table(name)
+        table = reload(catalog, name)
     snapshots = _snapshots(table, t)
     cutoff = expiry_pending(table, t, policy)
     if cutoff is not None:
@@ -232,6 +234,7 @@ def _maintain_one(spark: SparkSession, catalog: Catalog, call: str, t: Upkeep, p
             f"{call}expire_snapshots(table => {sql_literal(name)}, older_than => TIMESTAMP '{when}', retain_last => 1)"
         )
         done.append(f"expire {name} ({sum(1 for ts, _ in snapshots if ts < cutoff)})")
+        forget(catalog, name)
         removed = remove_orphans(spark, call, table, name, datetime.now(UTC) - policy.orphan_age)
         if removed:
             done.append(f"remove orphan files {name} ({removed})")

@@ -47,6 +47,7 @@ class RoundCommits:
     ranges: list[StreamStats]  # the planned streams' statistics, in the plan's order
     dirty_left: dict[str, list[int]]  # per stream, what the round leaves dirty (`quiet.left_dirty`)
     changes: DataFrame  # what the newest change per key does (`job.Round.resolve`)
+    upkept: Any  # the catalog of the upkeep's decisions, a `catalog.Loaded` (`job.Round.finish`)
 
     def __init__(
         self,
@@ -211,13 +212,13 @@ class RoundCommits:
     def trim_log(self) -> None:
         """7b. Log retention (`iceberg.compaction.retention`)."""
         if self.policy.log_retention is not None:
-            self.report.trimmed = trim(self.spark, self.catalog, self.names, self.now - self.policy.log_retention)
+            self.report.trimmed = trim(self.spark, self.upkept, self.names, self.now - self.policy.log_retention)
             self.step("log retention")
 
     def maintain(self) -> None:
         """8. Small files, deleted rows and the log's manifests rewritten, old snapshots expired."""
         names = self.names
         self.report.maintenance = maintain(
-            self.spark, self.catalog, names.catalog, upkeep(self.catalog, names), self.policy.maintenance
+            self.spark, self.upkept, names.catalog, upkeep(self.upkept, names), self.policy.maintenance
         )
         self.step("maintenance")

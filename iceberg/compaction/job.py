@@ -38,6 +38,7 @@ from pyspark.sql import functions as F
 
 from connector.core.ordering import newest_truncate
 from iceberg import leases
+from iceberg.catalog import Loaded
 from iceberg.compaction import dedupe, schema, winners, writes
 from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.commits import RoundCommits
@@ -124,6 +125,7 @@ class Round(RoundCommits):
         else:
             self.record_seen()
         self.purge()
+        self.upkept = Loaded(self.catalog)  # the tables as the writes left them, each loaded once
         self.trim_log()
         self.maintain()
         self.report.seconds = round(time.monotonic() - self.started, 3)

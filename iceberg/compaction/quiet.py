@@ -16,7 +16,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from iceberg.catalog import TableUnreadableError
+from iceberg.catalog import Loaded, TableUnreadableError
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
 from iceberg.compaction.report import has_rows, may_expire
 from iceberg.compaction.retention import due as retention_due
@@ -28,22 +28,6 @@ from iceberg.summary_keys import APPENDED, CLEANER_POINTS, DIRTY, LOG_SEEN, MARK
 log = logging.getLogger(__name__)
 
 
-class _Loaded:
-    """A catalog whose tables are each loaded once (the metadata of one moment, for decisions
-    that look at a table several times)."""
-
-    def __init__(self, catalog: Catalog):
-        self.catalog, self.tables = catalog, dict[str, Any]()
-
-    def load_table(self, name: str) -> Any:
-        if name not in self.tables:
-            self.tables[name] = self.catalog.load_table(name)
-        return self.tables[name]
-
-    def table_exists(self, name: str) -> bool:
-        return name in self.tables or self.catalog.table_exists(name)
-
-
 def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: datetime, force: bool = False) -> bool:
     """Whether a round of the table would do nothing, from its commits' metadata (no Spark, no
     data file read): no row left dirty by its last round (`DIRTY`) nor appended to the log
@@ -51,7 +35,7 @@ def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: da
     those rows can make the round due yet (`not_due`); no expired tombstone (`report.may_expire`), the log retention's
     trigger not met, no maintenance due."""
     now = now.replace(tzinfo=UTC) if now.tzinfo is None else now  # naive: UTC
-    view: Any = _Loaded(catalog)
+    view: Any = Loaded(catalog)
     try:
         log_table = view.load_table(names.log)
     except NoSuchTableError:

@@ -24,6 +24,7 @@ from pyiceberg.table.snapshots import Operation
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from iceberg.catalog import forget
 from iceberg.compaction import writes
 from iceberg.compaction.report import micros
 from iceberg.compaction.stats import cleaner_points, load_optional
@@ -59,9 +60,11 @@ def log_due(catalog: Catalog, names: TableNames, points: dict[str, int], cutoff:
     the rows of the files whose bounds in the manifests say they may hold such a row."""
     if not points:
         return False
-    keep = 2 * sum(_rows(catalog, t) for t in (names.state, names.tombstones))
     log_table = catalog.load_table(names.log)
     most = may_be_older(log_table, cutoff)
+    if most == 0:
+        return False
+    keep = 2 * sum(_rows(catalog, t) for t in (names.state, names.tombstones))
     if most is not None and most <= keep:
         return False
     return sum(t.file.record_count for t in log_table.scan(row_filter=_older(cutoff)).plan_files()) > keep
@@ -150,9 +153,11 @@ def trim(spark: SparkSession, catalog: Catalog, names: TableNames, cutoff: datet
                 "AND t.partition = s.partition AND t.sequence_number = s.sequence_number WHEN MATCHED THEN DELETE",
                 TRIMMED_BEFORE.entry(cutoff),
             )
+            forget(catalog, names.log)
     if dead_letters_due(catalog, names, cutoff):
         spark.sql(
             f"DELETE FROM {names.spark(names.dead_letters)} WHERE enqueued_time < TIMESTAMP "
             f"'{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
         )
+        forget(catalog, names.dead_letters)
     return trimmed

@@ -10,9 +10,10 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 import pytest
+from pyiceberg.exceptions import NoSuchTableError
 from sqlalchemy import make_url
 
-from iceberg.catalog import TableUnreadableError, load_catalog
+from iceberg.catalog import Loaded, TableUnreadableError, forget, load_catalog, reload
 from iceberg.leases import acquire
 
 
@@ -54,3 +55,26 @@ def test_a_table_exists_where_the_catalog_has_its_row_without_its_metadata_read(
     assert catalog.table_exists(name)
     with pytest.raises(TableUnreadableError, match="its metadata file"):
         catalog.load_table(name)
+
+
+def test_a_loaded_catalog_holds_each_table_as_first_loaded_until_a_write_reloads_it(settings):
+    """`Loaded` (the upkeep's and the quiet check's catalog) loads a table once, absent ones
+    included, and sees another commit only once `forget` or `reload` names the table."""
+    catalog = load_catalog(settings)
+    ns = settings.catalog.namespace
+    rows = pa.table({"k": ["a"]})
+    catalog.create_table(f"{ns}.held", rows.schema)
+    view = Loaded(catalog)
+    first = view.load_table(f"{ns}.held")
+    assert view.load_table(f"{ns}.held") is first and first.current_snapshot() is None
+    assert not view.table_exists(f"{ns}.later")
+    catalog.load_table(f"{ns}.held").append(rows)  # a write past the view
+    catalog.create_table(f"{ns}.later", rows.schema)
+    assert view.load_table(f"{ns}.held").current_snapshot() is None
+    assert not view.table_exists(f"{ns}.later")
+    with pytest.raises(NoSuchTableError):
+        view.load_table(f"{ns}.later")
+    assert reload(view, f"{ns}.held").current_snapshot() is not None
+    assert view.load_table(f"{ns}.held").current_snapshot() is not None
+    forget(view, f"{ns}.later")
+    assert view.table_exists(f"{ns}.later") and view.load_table(f"{ns}.later").name()[-1] == "later"
