@@ -313,7 +313,7 @@ def _commit_staged(
         positions = {**batch_positions, **caps}
         if kept:
             files = [b for g in kept.values() for b in g["files"]]
-            record = appended(kept) if sink.endswith(LOG_SUFFIX) else {}
+            record = appended(kept)
             commits.append(functools.partial(sinks.append, sink, files, positions, record))
         committed.append((sink, table, kept, incoming))
     at_once(commits)  # each table's commit is its own
@@ -334,8 +334,9 @@ def _commit_staged(
 
 
 def appended(kept: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """The log commit's record of what it appends per stream (`summary_keys.APPENDED`): a
-    pass over many tables tells from it whether a table's dirty events can make a round due."""
+    """A log or dead-letter commit's record of what it appends per stream
+    (`summary_keys.APPENDED`): a pass over many tables tells from it whether a table's dirty
+    events can make a round due, and whether a row may be past the retention."""
     record = {
         s: [g["first"], g["last"][0] + 1, g["fresh_n"], g["bytes"], *g["enqueued"]]
         for s, g in kept.items()

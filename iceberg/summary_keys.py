@@ -161,12 +161,13 @@ DIRTY: SummaryKey[dict[str, list[int]]] = SummaryKey(
     "cdclake.dirty", frozenset({"state"}), _ranges_json, _ranges, carried=True
 )
 
-# On each ingest commit of log rows, per stream: [first sequence number, end (exclusive), rows,
-# payload bytes, oldest and newest enqueued time in microseconds] of the rows it appends. A
-# pass tells from them, without reading the log, that a table's dirty events cannot make its
-# round due yet (`compaction.quiet`).
+# On each ingest commit of log rows or dead letters, per stream: [first sequence number, end
+# (exclusive), rows, payload bytes, oldest and newest enqueued time in microseconds] of the rows
+# it appends. A pass tells from them, without reading the log, that a table's dirty events
+# cannot make its round due yet (`compaction.quiet`), and the retention that no row of the log
+# or dead letters may be older than its cut-off (`compaction.retention.may_be_older`).
 APPENDED: SummaryKey[dict[str, list[int]]] = SummaryKey(
-    "cdclake.appended", frozenset({"log"}), _ranges_json, _ranges, carried=False
+    "cdclake.appended", frozenset({"log", "dead_letters"}), _ranges_json, _ranges, carried=False
 )
 
 KEYS: tuple[SummaryKey[Any], ...] = (

@@ -70,19 +70,19 @@ def log_due(catalog: Catalog, names: TableNames, points: dict[str, int], cutoff:
     return sum(t.file.record_count for t in log_table.scan(row_filter=_older(cutoff)).plan_files()) > keep
 
 
-def may_be_older(log_table: Table, cutoff: datetime) -> int | None:
-    """At most how many of the log's rows are older than `cutoff`, from its commits' summaries
-    alone: its rows less those its newest appends added where every row they added is not
-    older (`APPENDED`'s oldest enqueued time). The walk back ends at a commit that removed
-    rows or files (a trim, a rewrite: the files before it may have changed), at one that does
-    not record what it appended, and where the history does. None where the summary does not
-    count the rows."""
-    snapshot = log_table.current_snapshot()
+def may_be_older(table: Table, cutoff: datetime) -> int | None:
+    """At most how many of a log's or dead letters' rows are older than `cutoff`, from their
+    commits' summaries alone: the table's rows less those its newest appends added where every
+    row they added is not older (`APPENDED`'s oldest enqueued time). The walk back ends at a
+    commit that removed rows or files (a trim, a rewrite: the files before it may have
+    changed), at one that does not record what it appended, and where the history does. None
+    where the summary does not count the rows."""
+    snapshot = table.current_snapshot()
     total = snapshot.summary.additional_properties.get("total-records") if snapshot and snapshot.summary else None
     if total is None:
         return None if snapshot is not None else 0
     young, us = 0, micros(cutoff)
-    by_id = {s.snapshot_id: s for s in log_table.snapshots()}  # pyiceberg's `snapshot_by_id` searches a list
+    by_id = {s.snapshot_id: s for s in table.snapshots()}  # pyiceberg's `snapshot_by_id` searches a list
     while snapshot is not None and snapshot.summary is not None:
         props = snapshot.summary.additional_properties
         if any(int(props.get(k, 0)) for k in REMOVING):
@@ -98,10 +98,12 @@ def may_be_older(log_table: Table, cutoff: datetime) -> int | None:
 
 
 def dead_letters_due(catalog: Catalog, names: TableNames, cutoff: datetime) -> bool:
-    """Whether a dead-letter file may hold a row older than `cutoff`."""
-    return catalog.table_exists(names.dead_letters) and any(
-        True for _ in catalog.load_table(names.dead_letters).scan(row_filter=_older(cutoff)).plan_files()
-    )
+    """Whether a dead-letter file may hold a row older than `cutoff`: not where the table's
+    commits say none may (`may_be_older`), else by the files' bounds in the manifests."""
+    if not catalog.table_exists(names.dead_letters):
+        return False
+    table = catalog.load_table(names.dead_letters)
+    return may_be_older(table, cutoff) != 0 and any(True for _ in table.scan(row_filter=_older(cutoff)).plan_files())
 
 
 def due(catalog: Catalog, names: TableNames, cutoff: datetime) -> bool:

@@ -88,3 +88,35 @@ def test_log_retention_bounds_the_log_over_16_rounds(spark, settings, tmp_path):
         rebuild(spark, load_catalog(s), names(s, "things"), dataclasses.replace(policy_of(s), ordering="log"), now)
     rebuild(spark, load_catalog(s), names(s, "things"), policy_of(s), now)
     assert offsets_by_key(s, names(s, "things").state) == state
+
+
+def test_dead_letters_past_the_retention_go_and_the_young_stay(spark, settings, tmp_path):
+    """A round's trim removes the dead letters older than the log retention's cut-off and
+    keeps the younger ones; while none is older, the dead letters' commits say so
+    (`may_be_older`) and the round leaves their table as it is."""
+    rng, alive, lines = random.Random(7), set(), []
+    path = tmp_path / "in.jsonl"
+    s = with_source(settings, path, log_retention_hours=RETENTION_H, tombstone_retention_hours=RETENTION_H)
+    t = names(s, "things")
+
+    def ingest_hour(hour: int) -> None:  # an hour's events, then a dead letter (its payload is not JSON)
+        lines.extend(_round(hour, len(lines), rng, alive))
+        ts = int((START + timedelta(hours=hour, minutes=59)).timestamp() * 1000)
+        bad = {"topic": "pg.inventory.things", "partition": 0, "offset": len(lines), "ts": ts}
+        lines.append(bad | {"key": json.dumps({"id": 0}), "payload": "{not json"})
+        write_lines(path, [json.dumps(x) for x in lines])
+        run_ingest(s)
+
+    def dead_letters() -> list[str]:
+        return sorted(load_catalog(s).load_table(t.dead_letters).scan().to_arrow()["offset"].to_pylist())
+
+    ingest_hour(0)
+    now = START + timedelta(hours=RETENTION_H)  # the dead letter, at 0:59, is younger than the cut-off
+    dl = load_catalog(s).load_table(t.dead_letters)
+    assert may_be_older(dl, now - timedelta(hours=RETENTION_H)) == 0
+    compact_table(spark, s, "things", now=now, packed=False, log_retention=True)
+    assert load_catalog(s).load_table(t.dead_letters).snapshots() == dl.snapshots()
+    ingest_hour(3)
+    first, second = dead_letters()
+    compact_table(spark, s, "things", now=START + timedelta(hours=3 + RETENTION_H), packed=False, log_retention=True)
+    assert dead_letters() == [second] != [first]

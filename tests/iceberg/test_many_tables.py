@@ -18,6 +18,7 @@ from iceberg import leases
 from iceberg.catalog import load_catalog
 from iceberg.compaction.policy import plan
 from iceberg.compaction.quiet import backlog, quiet
+from iceberg.compaction.retention import may_be_older
 from iceberg.compaction.stats import stream_stats
 from iceberg.maintenance import MaintenancePolicy, Upkeep, maintain
 from iceberg.summary_keys import APPENDED, MARKERS
@@ -55,27 +56,36 @@ def test_a_pass_starts_the_table_with_the_most_rows_appended_first(spark, settin
     assert {t: backlog(catalog, names(s, t)) for t in lines} == {"b0": 0, "b1": 0}
 
 
-def test_each_log_commit_records_what_it_appends_per_stream(spark, settings):
-    """APPENDED against the rows the log holds: per stream first and end sequence number,
-    rows, payload bytes, oldest and newest enqueued time."""
-    s, _ = _lake(settings, ["r0"], "record")
+def test_each_ingest_commit_records_what_it_appends_per_stream(spark, settings):
+    """APPENDED against the rows the log and the dead letters hold: per stream first and end
+    sequence number, rows, payload bytes, oldest and newest enqueued time; and the retention's
+    walk over those commits (`may_be_older`): every row or none older than a cut-off."""
+    s, path = _lake(settings, ["r0"], "record")
+    last = json.loads(path.read_text().splitlines()[-1])
+    bad = {**last, "offset": last["offset"] + 1, "ts": last["ts"] + 1, "payload": "{not json"}
+    path.write_text(path.read_text() + json.dumps(bad) + "\n")  # a dead letter
     run_ingest(s)
-    log_table = load_catalog(s).load_table(names(s, "r0").log)
-    rows = log_table.scan().to_arrow().to_pylist()
-    want: dict[str, list[int]] = {}
-    for r in rows:
-        stream, seq = f"{r['topic']}:{r['partition']}", r["sequence_number"]
-        us = int(r["enqueued_time"].timestamp() * 1_000_000)
-        first, end, n, size, oldest, newest = want.get(stream, [seq, seq + 1, 0, 0, us, us])
-        want[stream] = [
-            min(first, seq),
-            max(end, seq + 1),
-            n + 1,
-            size + r["payload_bytes"],
-            min(oldest, us),
-            max(newest, us),
-        ]
-    assert APPENDED.of(log_table.current_snapshot()) == want
+    catalog = load_catalog(s)
+    for name in (names(s, "r0").log, names(s, "r0").dead_letters):
+        table = catalog.load_table(name)
+        rows = table.scan().to_arrow().to_pylist()
+        want: dict[str, list[int]] = {}
+        for r in rows:
+            stream, seq = f"{r['topic']}:{r['partition']}", r["sequence_number"]
+            us = int(r["enqueued_time"].timestamp() * 1_000_000)
+            first, end, n, size, oldest, newest = want.get(stream, [seq, seq + 1, 0, 0, us, us])
+            want[stream] = [
+                min(first, seq),
+                max(end, seq + 1),
+                n + 1,
+                size + r.get("payload_bytes", 0),  # a dead letter counts none
+                min(oldest, us),
+                max(newest, us),
+            ]
+        assert rows and APPENDED.of(table.current_snapshot()) == want, name
+        times = [r["enqueued_time"] for r in rows]
+        assert may_be_older(table, min(times)) == 0
+        assert may_be_older(table, max(times) + timedelta(seconds=1)) == len(rows)
 
 
 def test_a_table_whose_dirty_events_are_not_due_costs_no_round(spark, settings):
