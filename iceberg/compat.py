@@ -29,6 +29,7 @@ from pyiceberg.io.pyarrow import ArrowScan  # importing it registers the Parquet
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV1, TableMetadataV2, TableMetadataV3
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 
 if TYPE_CHECKING:
@@ -321,8 +322,30 @@ def _entries(self: ManifestFile, io: FileIO, discard_deleted: bool = True) -> li
     return [e for e in held if not discard_deleted or e.status != ManifestEntryStatus.DELETED]
 
 
+# manifests of the manifest lists held at most (a manifest list's manifests are a few hundred
+# bytes each, and most of them are shared with the table's other lists)
+MANIFEST_LISTS_MAX = 20_000
+_LISTS: LRUCache[str, tuple[ManifestFile, ...]] = LRUCache(MANIFEST_LISTS_MAX, len)
+_READ_LIST = Snapshot.manifests
+
+
+def _list(self: Snapshot, io: FileIO) -> list[ManifestFile]:
+    """`Snapshot.manifests`, the manifest list read once: a manifest list is never changed once
+    written (each snapshot writes its own), so its manifests are kept by its path; each call
+    gets a list of its own."""
+    with _ENTRIES_LOCK:
+        held = _LISTS.get(self.manifest_list)
+    if held is None:
+        held = tuple(_READ_LIST(self, io))
+        with _ENTRIES_LOCK:
+            if len(held) <= MANIFEST_LISTS_MAX:
+                _LISTS[self.manifest_list] = held
+    return list(held)
+
+
 def read_manifests_once() -> None:
-    """Every read of a manifest's entries in this process (each scan's plan: a round's plan,
-    its upkeep's checks) through `_entries`; a small table's scan took 3 - 4 ms, half of it
-    reading its manifests."""
+    """Every read of a manifest list and of a manifest's entries in this process (each scan's
+    plan: a round's plan, its upkeep's checks) through `_list` and `_entries`; a small table's
+    scan took 3 - 4 ms, half of it reading its manifests."""
     ManifestFile.fetch_manifest_entry = _entries  # type: ignore[method-assign]
+    Snapshot.manifests = _list  # type: ignore[method-assign]

@@ -332,3 +332,29 @@ def test_a_manifests_entries_are_read_once_and_are_the_ones_pyiceberg_reads(cata
         entries(ManifestFile.fetch_manifest_entry, table.current_snapshot(), True)
         == want[(table.current_snapshot().snapshot_id, True)]
     )
+
+
+def test_a_manifest_list_is_read_once_and_gives_the_manifests_pyiceberg_reads(catalog, monkeypatch):
+    """`compat.read_manifests_once`: each snapshot's manifests are pyiceberg's own, the list
+    read from its file once, and pyiceberg's scans read them through `Snapshot.manifests`."""
+    from pyiceberg.table.snapshots import Snapshot
+
+    own = compat._READ_LIST  # pyiceberg's, whatever an earlier test installed
+    monkeypatch.setattr(Snapshot, "manifests", own)
+    monkeypatch.setattr(compat, "_LISTS", compat.LRUCache(compat.MANIFEST_LISTS_MAX, len))
+    schema = pa.schema([pa.field("k", pa.string()), pa.field("v", pa.int64())])
+    table = catalog.create_table("ns.lists", schema)
+    for i in range(3):
+        table.append(pa.table({"k": [f"k{i}"], "v": [i]}, schema=schema))
+    table = catalog.load_table("ns.lists")
+    want = {s.snapshot_id: [m.manifest_path for m in own(s, table.io)] for s in table.snapshots()}
+    assert [len(v) for v in want.values()] == [1, 2, 3]
+    plan = sorted(t.file.file_path for t in table.scan(row_filter=GreaterThan("v", 0)).plan_files())
+    with contract("Snapshot.manifests (what scans read manifest lists through)", "pyiceberg"):
+        compat.read_manifests_once()
+        assert sorted(t.file.file_path for t in table.scan(row_filter=GreaterThan("v", 0)).plan_files()) == plan
+        assert table.current_snapshot().manifest_list in compat._LISTS, "a scan read its list through it"
+    for s in table.snapshots():
+        assert [m.manifest_path for m in s.manifests(table.io)] == want[s.snapshot_id]
+        Path(s.manifest_list.removeprefix("file://")).unlink()  # read once: no longer needed
+        assert [m.manifest_path for m in s.manifests(table.io)] == want[s.snapshot_id]
