@@ -174,10 +174,10 @@ def run_compaction(
     the small ones read in shared jobs (`iceberg.compaction.shared`). A table whose round fails
     does not stop the others: `RoundsFailed` after the pass names it, with the others' reports."""
     from iceberg.compaction.quiet import backlog, quiet
-    from iceberg.compaction.report import CompactionReport
+    from iceberg.compaction.report import CompactionReport, utc
 
     catalog = load_catalog(settings)
-    now = now or datetime.now(UTC)
+    now = utc(now or datetime.now(UTC))
     todo = [n for n in table_names(settings, catalog, tables) if compaction_enabled(settings, n.table)]
     for names in todo:
         validate(settings, names.table)

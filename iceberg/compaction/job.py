@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cached_property, reduce
 
 from pyiceberg.catalog import Catalog
@@ -44,7 +44,7 @@ from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.commits import RoundCommits
 from iceberg.compaction.policy import CompactionPolicy, plan
 from iceberg.compaction.quiet import left_dirty, seen_entries
-from iceberg.compaction.report import CompactionReport, holds_rows, range_filter, round_truncates, total_rows
+from iceberg.compaction.report import CompactionReport, holds_rows, range_filter, round_truncates, total_rows, utc
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional, stream_stats, sum_streams
 from iceberg.layouts import TableNames, has_position_text
 from iceberg.summary_keys import EXPIRES_FROM, NEVER, STREAM_BYTES, TRUNCATE
@@ -79,7 +79,7 @@ def compact(
     """Compacts what is due in one source table; returns what it did. One round per table
     at a time: the round holds the table's `compaction` lease (waiting up to `wait` seconds
     for another holder) and renews it before each commit."""
-    now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)  # naive: UTC
+    now = utc(now)
     lease = leases.acquire(catalog, names.state, "compaction", wait)
     try:
         with releasing_checkpoints(spark):

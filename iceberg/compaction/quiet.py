@@ -18,7 +18,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 
 from iceberg.catalog import Loaded, TableUnreadableError
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
-from iceberg.compaction.report import has_rows, may_expire
+from iceberg.compaction.report import has_rows, may_expire, utc
 from iceberg.compaction.retention import due as retention_due
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional, logged_bytes, sum_streams
 from iceberg.layouts import TableNames
@@ -34,7 +34,7 @@ def quiet(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: da
     since the snapshot that round planned against (`LOG_SEEN`), or (unless `force`) none of
     those rows can make the round due yet (`not_due`); no expired tombstone (`report.may_expire`), the log retention's
     trigger not met, no maintenance due."""
-    now = now.replace(tzinfo=UTC) if now.tzinfo is None else now  # naive: UTC
+    now = utc(now)
     view: Any = Loaded(catalog)
     try:
         log_table = view.load_table(names.log)

@@ -131,6 +131,11 @@ def _long(bound: bytes) -> int:
     return int.from_bytes(bound, "little", signed=True)  # a timestamp's bound: microseconds
 
 
+def utc(t: datetime) -> datetime:
+    """`t` in UTC; a naive time is taken as UTC (a pass's and a round's `now`)."""
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
 def micros(t: datetime) -> int:
     """`t` (aware) in microseconds since the epoch, exactly."""
     return (t - EPOCH) // timedelta(microseconds=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ from pyiceberg.table import DataScan, FileScanTask, Table
 
 from iceberg import compat
 from iceberg.compaction.policy import CompactionPolicy, StreamStats
+from iceberg.compaction.report import utc
 from iceberg.layouts import TableNames
 from iceberg.log_writer import committed_positions
 from iceberg.summary_keys import CLEANER_POINTS, STREAM_BYTES
@@ -293,7 +294,7 @@ def stream_stats(
     dirty = GreaterThanOrEqual("sequence_number", min(points.get(s, 0) for s in streams))  # type: ignore[call-arg,misc]
     # A stream's cleanable range ends before its first event younger than min_compaction_lag
     # (files without one are skipped by their enqueued_time bounds); a naive `now` is UTC.
-    cutoff = (now if now.tzinfo else now.replace(tzinfo=UTC)) - policy.min_compaction_lag
+    cutoff = utc(now) - policy.min_compaction_lag
     young: dict[str, int] = {}
     for rows in _chunks(
         log.scan(

@@ -219,6 +219,19 @@ def test_a_table_quiet_by_its_metadata_costs_no_round(spark, settings):
         assert_matches_model(s, t, events, [len(events)], "source")
 
 
+def test_a_pass_at_a_time_without_a_zone_takes_it_as_utc(spark, settings):
+    """`run_compaction`'s `now` without a time zone is UTC: the round runs as at that UTC time
+    (its tombstone expires a retention after it) and ends as the model."""
+    s, path = _lake(settings, ["z0"], "naive")
+    run_ingest(s)
+    (report,) = run_compaction(s, force=True, now=NOW.replace(tzinfo=None))
+    assert report.ran and report.deletes == 1
+    tombstones = load_catalog(s).load_table(names(s, "z0").tombstones).scan().to_arrow()
+    assert tombstones["expires_at"].to_pylist() == [NOW + timedelta(hours=s.compaction.tombstone_retention_hours)]
+    events = decoded(path, s)
+    assert_matches_model(s, "z0", events, [len(events)], "source")
+
+
 def test_a_table_whose_round_fails_stops_neither_the_others_nor_its_next_round(spark, settings):
     tables = ["f0", "f1", "f2"]
     s, path = _lake(settings, tables, "fail")
