@@ -18,7 +18,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 
 from iceberg.catalog import Loaded, TableUnreadableError
 from iceberg.compaction.policy import CleanRange, CompactionPolicy, StreamStats, plan
-from iceberg.compaction.report import has_rows, may_expire, utc
+from iceberg.compaction.report import has_rows, may_expire, micros, utc
 from iceberg.compaction.retention import due as retention_due
 from iceberg.compaction.stats import cleaner_points, held_bytes, load_optional, logged_bytes, sum_streams
 from iceberg.layouts import TableNames
@@ -115,7 +115,7 @@ def not_due(catalog: Catalog, names: TableNames, policy: CompactionPolicy, now: 
         ):
             break
     clean = held_bytes(state, load_optional(catalog, names.tombstones)) if dirty else {}
-    cutoff = _us(now - policy.min_compaction_lag)
+    cutoff = micros(now - policy.min_compaction_lag)
     stats = []
     for stream, commits in dirty.items():
         cleanable = [c for c in commits if c[4] <= cutoff]
@@ -221,12 +221,8 @@ def left_dirty(stats: Iterable[StreamStats], ranges: list[CleanRange], now: date
             continue
         first = r.end if r else s.cleaner_point
         size = s.dirty_bytes - (s.cleanable_bytes if r else 0)
-        out[s.stream] = [first, s.dirty_end, rows, size, _us(oldest), _us(now)]
+        out[s.stream] = [first, s.dirty_end, rows, size, micros(oldest), micros(now)]
     return out
-
-
-def _us(t: datetime) -> int:
-    return int(t.timestamp() * 1_000_000)
 
 
 def seen_entries(
