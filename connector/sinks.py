@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.table import Table
 
@@ -49,6 +49,7 @@ class Sinks:
         self.tables: dict[str, Table] = {}
         self.positions: dict[str, dict[str, int]] = {}
         self.writer = f"ingest on {socket.gethostname()} pid {os.getpid()}"
+        self._base: str | None = None  # where the namespace's tables go (`location`)
         names = [name for _, name in catalog.list_tables(namespace) if name.endswith((LOG_SUFFIX, DEAD_LETTERS_SUFFIX))]
         at_once([functools.partial(self._load, name) for name in names])
 
@@ -64,20 +65,20 @@ class Sinks:
         return table
 
     def get(self, name: str) -> Table:
+        """The table `name`, loaded, or created where the catalog had no row for it when the run
+        listed the namespace (or loaded it since): another process may have made it since, and
+        then the creation fails and the table is loaded."""
         if name in self.tables:
             return self.tables[name]
-        try:
-            return self._load(name)
-        except NoSuchTableError:
-            crash_point("ingest.create-table")
-            try:  # created with its first snapshot, so every commit is conditional on one: one catalog write
-                identifier, layout = (self.namespace, name), _layout(name)
-                with self.catalog.create_table_transaction(identifier, layout, self.location(name)) as tx:
-                    compat.append_data_files(tx, [], self._props(None), "main")  # no Arrow to check
-                log.info("created table %s.%s", self.namespace, name)
-            except (TableAlreadyExistsError, CommitFailedException):
-                pass  # another process created it first
-            return self._load(name)
+        crash_point("ingest.create-table")
+        try:  # created with its first snapshot, so every commit is conditional on one: one catalog write
+            identifier, layout = (self.namespace, name), _layout(name)
+            with self.catalog.create_table_transaction(identifier, layout, self.location(name)) as tx:
+                compat.append_data_files(tx, [], self._props(None), "main")  # no Arrow to check
+            log.info("created table %s.%s", self.namespace, name)
+        except (TableAlreadyExistsError, CommitFailedException):
+            pass  # another process created it first
+        return self._load(name)
 
     def resume_positions(self, streams: Iterable[str] = ()) -> dict[str, int]:
         """Per stream, the lowest next-position of any table (0 if a table lacks it)."""
@@ -103,17 +104,22 @@ class Sinks:
     def location(self, name: str) -> str:
         """Where table `name` of the namespace goes (every table is created with it): under the
         namespace's `location`, else `<warehouse>/<namespace>/<name>`, as pyiceberg's SQL
-        catalog places a table created without one."""
-        base = self.catalog.load_namespace_properties(self.namespace).get("location")
-        if base:
-            return f"{base.rstrip('/')}/{name}"
-        warehouse = self.catalog.properties.get("warehouse")
-        if not warehouse:
-            raise ValueError("No default path is set, please specify a location when creating a table")
-        return f"{warehouse.rstrip('/')}/{self.namespace}/{name}"
+        catalog places a table created without one. The namespace's properties are read at the
+        first call, and again at each batch's `new_target`, not once per table."""
+        if self._base is None:
+            base = self.catalog.load_namespace_properties(self.namespace).get("location")
+            if base:
+                self._base = f"{base.rstrip('/')}/"
+            else:
+                warehouse = self.catalog.properties.get("warehouse")
+                if not warehouse:
+                    raise ValueError("No default path is set, please specify a location when creating a table")
+                self._base = f"{warehouse.rstrip('/')}/{self.namespace}/"
+        return self._base + name
 
     def new_target(self) -> Callable[[str], FileTarget]:
         """What a Spark task needs to write data files of a table not created yet (by name)."""
+        self._base = None
         base = self.location("")
         return functools.partial(_new_target, load_file_io(self.catalog.properties, base), base)
 

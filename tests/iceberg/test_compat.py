@@ -336,11 +336,14 @@ def test_a_manifests_entries_are_read_once_and_are_the_ones_pyiceberg_reads(cata
 
 def test_a_manifest_list_is_read_once_and_gives_the_manifests_pyiceberg_reads(catalog, monkeypatch):
     """`compat.read_manifests_once`: each snapshot's manifests are pyiceberg's own, the list
-    read from its file once, and pyiceberg's scans read them through `Snapshot.manifests`."""
+    read from its file once, and pyiceberg's scans read them through `Snapshot.manifests`; a
+    list this process writes is held as written, the manifests pyiceberg reads back from it."""
+    from pyiceberg.manifest import ManifestListWriter
     from pyiceberg.table.snapshots import Snapshot
 
     own = compat._READ_LIST  # pyiceberg's, whatever an earlier test installed
     monkeypatch.setattr(Snapshot, "manifests", own)
+    monkeypatch.setattr(ManifestListWriter, "add_manifests", ManifestListWriter.add_manifests)
     monkeypatch.setattr(compat, "_LISTS", compat.LRUCache(compat.MANIFEST_LISTS_MAX, len))
     schema = pa.schema([pa.field("k", pa.string()), pa.field("v", pa.int64())])
     table = catalog.create_table("ns.lists", schema)
@@ -358,3 +361,10 @@ def test_a_manifest_list_is_read_once_and_gives_the_manifests_pyiceberg_reads(ca
         assert [m.manifest_path for m in s.manifests(table.io)] == want[s.snapshot_id]
         Path(s.manifest_list.removeprefix("file://")).unlink()  # read once: no longer needed
         assert [m.manifest_path for m in s.manifests(table.io)] == want[s.snapshot_id]
+    with contract("ManifestListWriter.add_manifests (what a commit writes its manifest list through)", "pyiceberg"):
+        table.append(pa.table({"k": ["k3"], "v": [3]}, schema=schema))
+        written = table.current_snapshot()
+        assert written.manifest_list in compat._LISTS, "the commit's list is held as it was written"
+    read = own(written, table.io)  # from the file
+    assert [m.sequence_number for m in read] == [4, 3, 2, 1]  # the new manifest's, given by the list
+    assert written.manifests(table.io) == read  # every field of every manifest
