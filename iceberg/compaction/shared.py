@@ -1,5 +1,5 @@
-"""A pass over many tables: their rounds planned, the small ones read together (a chunk of them
-read as soon as it is planned, while the next are planned), then each written on its own.
+"""A pass over many tables: their rounds planned, then the small ones read together, then each
+written on its own.
 
 A small round (at most `small_round` events, the general route with their payload) costs
 mostly the fixed cost of its Spark queries: the read of its dirty events and held rows, the
@@ -16,13 +16,11 @@ and those, not loading the tables (a few ms each), are most of a small round's c
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from functools import reduce
 from typing import Any
@@ -98,19 +96,6 @@ def shareable(r: Round) -> bool:
     )
 
 
-@dataclass
-class _Set:
-    """Small rounds of one ordering read together (at most `GROUP_TABLES`): the chunks of them
-    whose reads have begun (`read_chunk`), the rounds in those, and the set's Spark session
-    (`held` gives it back)."""
-
-    rounds: list[Round] = field(default_factory=list)
-    chunks: list[Future[tuple[DataFrame, DataFrame | None]]] = field(default_factory=list)
-    sent: int = 0
-    session: SparkSession | None = None
-    held: ExitStack = field(default_factory=ExitStack)
-
-
 @dataclass(frozen=True)
 class Share:
     """A round's part of a shared read: its rows of the changes and of the stale events (None
@@ -131,11 +116,11 @@ class Share:
             r.note_stale(self.reasons, compat_spark.part(self.stale, session, self.index))
 
 
-def read_chunk(spark: SparkSession, rounds: list[Round], chunk: list[int]) -> tuple[DataFrame, DataFrame | None]:
-    """The dirty events of the rounds `chunk` (their indexes in `rounds`, a set read together)
-    in one query, then the rows their tables hold for their keys in one semi-join, each read
-    into the driver's memory by one task (a union of the tables' scans is otherwise a task or
-    more per table)."""
+def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
+    """Reads the planned `rounds` (all `shareable`, one ordering) in shared jobs and sets on each
+    what its own `read` would, but for its frames: per round (by `id`) its `Share` of the rows."""
+    started = time.monotonic()
+    ordering = rounds[0].policy.ordering
 
     def frames(i: int, r: Round) -> tuple[DataFrame, list[DataFrame]]:
         """The round's dirty events and the rows its tables hold (each frame analysed in the
@@ -167,39 +152,27 @@ def read_chunk(spark: SparkSession, rounds: list[Round], chunk: list[int]) -> tu
                 found.append(winners.held(rows, op, text=True, at=True))
         return winners.log_candidates(events, payload=True), found
 
-    jvm = [i for i in chunk if readable_in_jvm(rounds[i])]
-    built = [frames(i, rounds[i]) for i in chunk if i not in jvm] + ([in_jvm(jvm)] if jvm else [])
-    events = _union([e for e, _ in built]).coalesce(1).localCheckpoint(eager=True)
-    held = [h for _, hs in built for h in hs]
-    if not held:
-        return events, None
-    wanted = events.select("_key")
-    many = sum(rounds[i].report.events for i in chunk) > BROADCAST_ROUND
-    rows = _union(held).join(wanted.distinct() if many else F.broadcast(wanted), "_key", "left_semi")
-    return events, winners.positions(rows, at=True).coalesce(1).localCheckpoint(eager=True)
+    many = sum(r.report.events for r in rounds) > BROADCAST_ROUND
 
+    def read(chunk: list[int]) -> tuple[DataFrame, DataFrame | None]:
+        """The dirty events of the rounds `chunk` (their indexes) in one query, then the rows
+        their tables hold for their keys in one semi-join, each read into the driver's memory
+        by one task (a union of the tables' scans is otherwise a task or more per table)."""
+        jvm = [i for i in chunk if readable_in_jvm(rounds[i])]
+        built = [frames(i, rounds[i]) for i in chunk if i not in jvm] + ([in_jvm(jvm)] if jvm else [])
+        events = _union([e for e, _ in built]).coalesce(1).localCheckpoint(eager=True)
+        held = [h for _, hs in built for h in hs]
+        if not held:
+            return events, None
+        wanted = events.select("_key")
+        rows = _union(held).join(wanted.distinct() if many else F.broadcast(wanted), "_key", "left_semi")
+        return events, winners.positions(rows, at=True).coalesce(1).localCheckpoint(eager=True)
 
-def chunked(count: int, chunks: int) -> list[list[int]]:
-    """`range(count)` in at most `chunks` runs of consecutive indexes, of sizes within one."""
-    n = min(chunks, count)
-    return [list(range(count * k // n, count * (k + 1) // n)) for k in range(n)]
-
-
-def read_together(
-    spark: SparkSession, rounds: list[Round], parts: list[tuple[DataFrame, DataFrame | None]] | None = None
-) -> dict[int, Share]:
-    """Reads the planned `rounds` (all `shareable`, one ordering) in shared jobs and sets on each
-    what its own `read` would, but for its frames: per round (by `id`) its `Share` of the rows.
-    `parts`: their chunks already read (`read_chunk`, all of `rounds` in them), else they are
-    read here, `READ_CHUNKS` at once."""
-    started, read = time.monotonic(), parts is None
-    ordering = rounds[0].policy.ordering
-    if parts is None:
-        # Spark plans a query's scans (each table's manifests read) one after the other in the
-        # driver, and the chunks' in parallel
-        chunks = chunked(len(rounds), READ_CHUNKS)
-        with ThreadPoolExecutor(len(chunks), thread_name_prefix="cdclake-frames") as pool:
-            parts = list(pool.map(lambda chunk: read_chunk(spark, rounds, chunk), chunks))
+    # the rounds in `READ_CHUNKS` chunks read at once: Spark plans a query's scans (each
+    # table's manifests read) one after the other in the driver, and the chunks' in parallel
+    n = min(READ_CHUNKS, len(rounds))
+    with ThreadPoolExecutor(n, thread_name_prefix="cdclake-frames") as pool:
+        parts = list(pool.map(read, [list(range(k, len(rounds), n)) for k in range(n)]))
     candidates = _union([e for e, _ in parts])
     held_rows = [h for _, h in parts if h is not None]
     if held_rows:
@@ -247,11 +220,10 @@ def read_together(
             r.held_keys[name] = named if len(named) <= HELD_KEYS_MAX else None
         shares[id(r)] = Share(changes_parts, stale_parts, i, reasons.get(i, {}))
     log.info(
-        "shared read of %d tables' rounds (%s events) took %.2f s%s",
+        "shared read of %d tables' rounds (%s events) took %.2f s",
         len(rounds),
         f"{sum(r.report.events for r in rounds):,}",
         time.monotonic() - started,
-        "" if read else " after its chunks were read",
     )
     return shares
 
@@ -303,70 +275,30 @@ def compact_tables(
             assert r.step.lease is not None
             r.step.lease.release()
 
-    # the small rounds of one ordering in sets of at most `GROUP_TABLES`, each read in chunks
-    # of about a `READ_CHUNKS`th of a set; a chunk's read (Spark, in the driver's JVM) begins as
-    # soon as its rounds are planned (pyiceberg, in Python), while the next are planned
-    per_chunk = max(2, -(-min(GROUP_TABLES, len(due)) // READ_CHUNKS))
-    sets: dict[str, list[_Set]] = {}  # by ordering
-
-    def begin_read(s: _Set, reader: ThreadPoolExecutor, last: bool) -> None:
-        """The set's rounds in no chunk yet, read as one chunk in the set's session, which the
-        set's first chunk chooses: compiled where the set, as many rounds as it will have (all
-        it has, when `last`) of this chunk's mean, reads more than `COMPILED_EVENTS` events."""
-        chunk, s.sent = list(range(s.sent, len(s.rounds))), len(s.rounds)
-        try:
-            if s.session is None:
-                mean = sum(s.rounds[i].report.events for i in chunk) / len(chunk)
-                rounds = len(s.rounds) if last else max(len(s.rounds), min(GROUP_TABLES, len(due)))
-                small = mean * rounds <= COMPILED_EVENTS
-                s.session = s.held.enter_context(round_session(spark, own, conf, small=small))
-            s.chunks.append(reader.submit(read_chunk, s.session, s.rounds, chunk))
-        except Exception as e:  # noqa: BLE001 - told when the set is read: each of its rounds reads alone
-            failed: Future[tuple[DataFrame, DataFrame | None]] = Future()
-            failed.set_exception(e)
-            s.chunks.append(failed)
-
     started = time.monotonic()
     planned: list[tuple[Round, bool]] = []
     shares: dict[int, Share] = {}
     finishing: dict[int, Future[CompactionReport]] = {}  # by the round's id
     reports = []
-    with (
-        releasing_checkpoints(spark),
-        ExitStack() as sessions,
-        ThreadPoolExecutor(READ_CHUNKS, thread_name_prefix="cdclake-frames") as reader,
-        ThreadPoolExecutor(workers, thread_name_prefix="cdclake-round") as pool,
-    ):
+    with releasing_checkpoints(spark), ThreadPoolExecutor(workers, thread_name_prefix="cdclake-round") as pool:
         try:
             for names, policy in due:  # one after the other: the plans are Python (pyiceberg), threads slow them
                 try:
-                    r, ok = begin(names, policy)
+                    planned.append(begin(names, policy))
                 except Exception as e:  # noqa: BLE001 - reported with its table after the pass
                     failures[names.state] = e
-                    continue
-                planned.append((r, ok))
-                if ok:
-                    ordered = sets.setdefault(r.policy.ordering, [])
-                    if not ordered or len(ordered[-1].rounds) == GROUP_TABLES:
-                        ordered.append(_Set())
-                        sessions.callback(ordered[-1].held.close)  # should the pass end before its read
-                    s = ordered[-1]
-                    s.rounds.append(r)
-                    if len(s.rounds) - s.sent >= per_chunk or len(s.rounds) == GROUP_TABLES:
-                        begin_read(s, reader, last=len(s.rounds) == GROUP_TABLES)
             times = [time.monotonic() - started]
-            for ordering in sorted(sets):
-                for s in sets[ordering] if sum(len(x.rounds) for x in sets[ordering]) > 1 else ():
+            for ordering in sorted({r.policy.ordering for r, ok in planned if ok}):
+                group = [r for r, ok in planned if ok and r.policy.ordering == ordering]
+                for start in range(0, len(group), GROUP_TABLES) if len(group) > 1 else ():
+                    chunk = group[start : start + GROUP_TABLES]
                     try:
-                        if s.sent < len(s.rounds):
-                            begin_read(s, reader, last=True)
-                        with s.held:  # its session given back once no chunk reads in it
-                            concurrent.futures.wait(s.chunks)
-                            parts = [c.result() for c in s.chunks]
-                            shares |= read_together(s.session or spark, s.rounds, parts=parts)
+                        small = sum(r.report.events for r in chunk) <= COMPILED_EVENTS
+                        with round_session(spark, own, conf, small=small) as session:
+                            shares |= read_together(session, chunk)
                     except Exception as e:  # noqa: BLE001 - each of its rounds reads alone, and fails alone
                         why = f"{type(e).__name__}: {e}"
-                        log.warning("shared read of %d rounds failed (%s): each reads alone", len(s.rounds), why)
+                        log.warning("shared read of %d rounds failed (%s): each reads alone", len(chunk), why)
             times.append(time.monotonic() - started - sum(times))
             for r, _ in planned:
                 finishing[id(r)] = pool.submit(finish, r, shares.get(id(r)))
@@ -376,7 +308,6 @@ def compact_tables(
                 except Exception as e:  # noqa: BLE001 - reported with its table after the pass
                     failures[r.names.state] = e
         except BaseException:  # interrupted: no planned round keeps its table's lease
-            reader.shutdown(wait=False, cancel_futures=True)  # the chunks begun end their reads
             for r, _ in planned:  # one whose finish started releases its own (the rest never start)
                 if id(r) not in finishing or finishing[id(r)].cancel():
                     assert r.step.lease is not None

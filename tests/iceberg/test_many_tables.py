@@ -342,11 +342,11 @@ def test_a_pass_interrupted_in_a_later_set_or_in_a_rounds_write_keeps_no_lease(s
     monkeypatch.setattr(shared, "GROUP_TABLES", 2)
     read, finish, calls = shared.read_together, job.Round.finish, []
 
-    def second_interrupted(session, rounds, **kw):
+    def second_interrupted(session, rounds):
         calls.append(len(rounds))
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return read(session, rounds, **kw)
+        return read(session, rounds)
 
     def interrupted_in_p1(r):
         if r.names.table == "p1":
