@@ -374,6 +374,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     ap.add_argument("--table-events", type=int, default=2_000, help="with --tables: events per table")
     ap.add_argument("--table-keys", type=int, default=500, help="with --tables: keys per table")
+    ap.add_argument(
+        "--cli",
+        action="store_true",
+        help="with --tables: also run the ingest and the compaction as a user runs them, each command "
+        "(cdclake ingest, cdclake compact --force) a process of its own, its start-up included",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--lake", type=Path, help="work dir of the catalog (default <out>/lake)")
     args = ap.parse_args(argv)
@@ -428,7 +434,8 @@ def _tables(root: Path, args) -> dict:
 
     if not args.no_warmup:
         console.rule("warm-up: 2 tables x 1,000 events (not reported)")
-        tables.run(root, argparse.Namespace(**{**vars(args), "tables": 2, "table_events": 1000, "repeat": 1}), console)
+        warm = {"tables": 2, "table_events": 1000, "repeat": 1, "cli": False}
+        tables.run(root, argparse.Namespace(**{**vars(args), **warm}), console)
     console.rule(f"{args.tables} tables x {args.table_events:,} events against one table")
     fig = tables.run(root, args, console)
     (root / f"tables{args.tables}.json").write_text(json.dumps(fig, indent=1))

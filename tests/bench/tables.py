@@ -2,11 +2,16 @@
 same ingest and compaction in one run (`python -m tests.bench --tables N`). Prints both times,
 their ratio, a pass over the N tables when nothing is due, and one after 2% more events come
 to every table (below the dirty ratio that makes a round due), and that pass forced (small
-rounds into the rows held for their keys); checks every table's live keys against the stream's."""
+rounds into the rows held for their keys); checks every table's live keys against the stream's.
+With `--cli`, the ingest and the compaction are also run as a user runs them: each command
+(`cdclake ingest`, `cdclake compact --force`) a process of its own, its start-up included."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -60,6 +65,44 @@ def _timed(fn, *a, **kw) -> float:
     return time.perf_counter() - t
 
 
+def _command(s: Settings, *args: str) -> None:
+    """`cdclake <args>` in a process of its own, on the settings' catalog and source (as
+    `CDCLAKE_*` variables); a failure stops the benchmark with the command's last output."""
+    env = {
+        **os.environ,
+        "CDCLAKE_WORK_DIR": str(s.work_dir),
+        "CDCLAKE_CATALOG__NAMESPACE": s.catalog.namespace,
+        "CDCLAKE_SOURCE__TYPE": "file",
+        "CDCLAKE_SOURCE__PATH": str(s.source.path),
+        "CDCLAKE_SOURCE__BATCH_SIZE": str(s.source.batch_size),
+        "CDCLAKE_SPARK__MASTER": s.spark.master or "local[2]",
+        "CDCLAKE_SPARK__DRIVER_MEMORY": s.spark.driver_memory,
+    }
+    done = subprocess.run([sys.executable, "-m", "connector.cli", *args], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"cdclake {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
+
+
+def _cli_runs(one: Settings, many: Settings, expected: dict, sources: tuple[Path, Path], repeat: int, console) -> dict:
+    """One table, then the N tables, each ingested and compacted by the commands in processes
+    of their own, `repeat` times interleaved; the live keys checked after each."""
+    runs: dict[str, list[float]] = {k: [] for k in ("cli_one_ingest", "cli_one_compact", "cli_ingest", "cli_compact")}
+    for i in range(repeat):
+        for s, who in ((one, "cli_one_"), (many, "cli_")):
+            systems.drop_namespace(s)
+            runs[f"{who}ingest"].append(_timed(_command, s, "ingest"))
+            runs[f"{who}compact"].append(_timed(_command, s, "compact", "--force"))
+        for table, live in expected.items():
+            s = one if table == "items" else many
+            systems.check_live(s, table, "_key", live, sources[table != "items"], f"{table} (the commands)")
+        console.print(
+            f"commands, run {i + 1} of {repeat}: one table {runs['cli_one_ingest'][-1]:.1f} + "
+            f"{runs['cli_one_compact'][-1]:.1f} s, the tables {runs['cli_ingest'][-1]:.1f} + "
+            f"{runs['cli_compact'][-1]:.1f} s"
+        )
+    return runs
+
+
 def run(root: Path, args, console) -> dict:
     """One table, then N tables, `args.repeat` times interleaved; the figures of the median run."""
     tables, events, keys = args.tables, args.table_events, args.table_keys
@@ -93,11 +136,14 @@ def run(root: Path, args, console) -> dict:
             f"{tables} tables {last['ingest']:.1f} + {last['compact']:.1f} s, idle pass {last['idle']:.2f} s, "
             f"pass with events not due {last['not_due']:.2f} s, forced {last['again']:.1f} s"
         )
+    if getattr(args, "cli", False):
+        runs |= _cli_runs(one, many, expected, (one_src, many_src), args.repeat, console)
     fig = {"tables": tables, "events_per_table": events, "keys_per_table": keys, "runs_s": runs}
     for k, v in runs.items():
         fig[f"{k}_s"] = sorted(v)[len(v) // 2]
-    fig["compact_ratio"] = fig["compact_s"] / fig["one_compact_s"]
-    fig["ingest_ratio"] = fig["ingest_s"] / fig["one_ingest_s"]
+    for prefix in ("", "cli_") if "cli_ingest" in runs else ("",):
+        fig[f"{prefix}compact_ratio"] = fig[f"{prefix}compact_s"] / fig[f"{prefix}one_compact_s"]
+        fig[f"{prefix}ingest_ratio"] = fig[f"{prefix}ingest_s"] / fig[f"{prefix}one_ingest_s"]
     if not args.keep_inputs:
         shutil.rmtree(root / f"tables{tables}")
         for s in (one, many):
@@ -124,6 +170,20 @@ def report(fig: dict, console) -> None:
         (f"compaction within {COMPACTION_RATIO}x of one table's", fig["compact_ratio"] <= COMPACTION_RATIO),
         (f"ingest within {INGEST_RATIO}x of one table's", fig["ingest_ratio"] <= INGEST_RATIO),
     ]
+    if "cli_ingest" in fig["runs_s"]:
+        console.print(
+            f"as commands (a process each, start-up included): one table ingest {spread('cli_one_ingest')}, "
+            f"compaction {spread('cli_one_compact')}; {n} tables ingest {spread('cli_ingest')}, "
+            f"compaction {spread('cli_compact')}\n"
+            f"ratio as commands: ingest {fig['cli_ingest_ratio']:.2f}, compaction {fig['cli_compact_ratio']:.2f}"
+        )
+        checks += [
+            (
+                f"compaction as a command within {COMPACTION_RATIO}x of one table's",
+                fig["cli_compact_ratio"] <= COMPACTION_RATIO,
+            ),
+            (f"ingest as a command within {INGEST_RATIO}x of one table's", fig["cli_ingest_ratio"] <= INGEST_RATIO),
+        ]
     if n >= IDLE_TABLES:
         checks.append((f"a pass over {n} tables with nothing due < {IDLE_S} s", fig["idle_s"] < IDLE_S))
     for name, ok in checks:
