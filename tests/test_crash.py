@@ -56,8 +56,7 @@ def snapshot_of(work: Path, **catalog_settings) -> dict[str, list]:
 def reference(tmp_path_factory):
     work = tmp_path_factory.mktemp("clean")
     events = write_demo_file(work / "events.jsonl", NOW_MS)  # inside the log retention: the log keeps all
-    assert cli(work, events, "ingest") == 0
-    assert cli(work, events, "compact", "--force") == 0
+    assert cli(work, events, "run", "--force") == 0  # ingest, then compact: one process
     return events, snapshot_of(work)
 
 
@@ -75,12 +74,11 @@ def test_ingest_crashes_then_a_rerun_equal_one_clean_run(reference, tmp_path):
 
 
 def test_compaction_crashes_then_a_rerun_equal_one_clean_run(reference, tmp_path):
-    """Killed between a round's tombstones and its state, then (the rerun) right after its
-    second commit: the pass after both leaves the clean run's tables."""
+    """Killed between a round's tombstones and its state (a `run`, after its ingest), then (the
+    rerun) right after its second commit: the pass after both leaves the clean run's tables."""
     events, expected = reference
-    assert cli(tmp_path, events, "ingest") == 0
-    for crash in ("compact.after-tombstones", "compact.after-commit:2"):
-        assert cli(tmp_path, events, "compact", "--force", crash=crash) == -signal.SIGKILL, crash
+    assert cli(tmp_path, events, "run", "--force", crash="compact.after-tombstones") == -signal.SIGKILL
+    assert cli(tmp_path, events, "compact", "--force", crash="compact.after-commit:2") == -signal.SIGKILL
     assert cli(tmp_path, events, "compact", "--force") == 0
     got = snapshot_of(tmp_path)
     for t in TABLES:
@@ -109,10 +107,8 @@ def test_a_crash_on_an_azure_warehouse_then_a_rerun_equals_one_clean_run(referen
         "CDCLAKE_SPARK__CONF": f'{{"spark.eventLog.enabled": "true", "spark.eventLog.dir": "{logs.as_uri()}", '
         '"spark.eventLog.compress": "false"}',
     }
-    assert cli(tmp_path, events, "ingest", env_extra=env) == 0
-    assert (
-        cli(tmp_path, events, "compact", "--force", crash="compact.after-tombstones", env_extra=env) == -signal.SIGKILL
-    )
+    # ingested, then killed in the round (a `run`: one process)
+    assert cli(tmp_path, events, "run", "--force", crash="compact.after-tombstones", env_extra=env) == -signal.SIGKILL
     assert cli(tmp_path, events, "compact", "--force", env_extra=env) == 0
     got = snapshot_of(tmp_path, warehouse=warehouse, azure={"connection_string": azurite})
     for t in TABLES:
