@@ -83,6 +83,13 @@ def _command(s: Settings, *args: str) -> None:
         raise RuntimeError(f"cdclake {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
 
 
+def _check(one: Settings, many: Settings, expected: dict, sources: tuple[Path, Path], who: str = "") -> None:
+    """Every table's live keys against the stream's (the one table is `items`)."""
+    for table, live in expected.items():
+        s, src = (one, sources[0]) if table == "items" else (many, sources[1])
+        systems.check_live(s, table, "_key", live, src, f"{table}{who}")
+
+
 def _cli_runs(one: Settings, many: Settings, expected: dict, sources: tuple[Path, Path], repeat: int, console) -> dict:
     """One table, then the N tables, each ingested and compacted by the commands in processes
     of their own, `repeat` times interleaved; the live keys checked after each."""
@@ -92,9 +99,7 @@ def _cli_runs(one: Settings, many: Settings, expected: dict, sources: tuple[Path
             systems.drop_namespace(s)
             runs[f"{who}ingest"].append(_timed(_command, s, "ingest"))
             runs[f"{who}compact"].append(_timed(_command, s, "compact", "--force"))
-        for table, live in expected.items():
-            s = one if table == "items" else many
-            systems.check_live(s, table, "_key", live, sources[table != "items"], f"{table} (the commands)")
+        _check(one, many, expected, sources, " (the commands)")
         console.print(
             f"commands, run {i + 1} of {repeat}: one table {runs['cli_one_ingest'][-1]:.1f} + "
             f"{runs['cli_one_compact'][-1]:.1f} s, the tables {runs['cli_ingest'][-1]:.1f} + "
@@ -120,9 +125,7 @@ def run(root: Path, args, console) -> dict:
         runs["ingest"].append(_timed(run_ingest, many))
         runs["compact"].append(_timed(run_compaction, many, force=True))
         runs["idle"].append(_timed(run_compaction, many))  # nothing is due now
-        for table, live in expected.items():
-            s = one if table == "items" else many
-            systems.check_live(s, table, "_key", live, one_src if table == "items" else many_src, table)
+        _check(one, many, expected, (one_src, many_src))
         run_ingest(more)
         t = time.perf_counter()
         ran = [r.table for r in run_compaction(more) if r.ran]
@@ -136,12 +139,12 @@ def run(root: Path, args, console) -> dict:
             f"{tables} tables {last['ingest']:.1f} + {last['compact']:.1f} s, idle pass {last['idle']:.2f} s, "
             f"pass with events not due {last['not_due']:.2f} s, forced {last['again']:.1f} s"
         )
-    if getattr(args, "cli", False):
+    if args.cli:
         runs |= _cli_runs(one, many, expected, (one_src, many_src), args.repeat, console)
     fig = {"tables": tables, "events_per_table": events, "keys_per_table": keys, "runs_s": runs}
     for k, v in runs.items():
         fig[f"{k}_s"] = sorted(v)[len(v) // 2]
-    for prefix in ("", "cli_") if "cli_ingest" in runs else ("",):
+    for prefix in ("", "cli_") if args.cli else ("",):
         fig[f"{prefix}compact_ratio"] = fig[f"{prefix}compact_s"] / fig[f"{prefix}one_compact_s"]
         fig[f"{prefix}ingest_ratio"] = fig[f"{prefix}ingest_s"] / fig[f"{prefix}one_ingest_s"]
     if not args.keep_inputs:
