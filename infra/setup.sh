@@ -20,7 +20,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --disable-pip-version-check "uv==0.13.9"   # the pinned uv, whatever .venv had
   # from uv's cache alone first: online, uv revalidates each package with the index (about 12 s)
   # and may build PySpark's wheel from its source again (about 25 s; PyPI has only the source).
-  # The pins are exact, so a cached copy is the same package; the index when one is missing.
+  # The pins are exact (the rest resolve from the index as uv last fetched it); online when
+  # something is missing from the cache.
   .venv/bin/uv pip install -q --offline --python .venv/bin/python -e ".$extras" 2>/dev/null \
     || .venv/bin/uv pip install -q --python .venv/bin/python -e ".$extras"
   touch "$stamp"
