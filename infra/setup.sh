@@ -22,12 +22,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # and may build PySpark's wheel from its source again (about 25 s; PyPI has only the source).
   # The pins are exact (the rest resolve from the index as uv last fetched it); online when
   # something is missing from the cache.
-  .venv/bin/uv pip install -q --offline --python .venv/bin/python -e ".$extras" 2>/dev/null \
-    || .venv/bin/uv pip install -q --python .venv/bin/python -e ".$extras"
+  # With bytecode compiled: where PYTHONDONTWRITEBYTECODE is set (as in many CI and container
+  # environments) no import writes it, and every process (each command, each Spark Python
+  # worker) compiles what it imports again: the CLI's imports 4.2 s against 1.7 s.
+  uv=(.venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -e ".$extras")
+  "${uv[@]}" --offline 2>/dev/null || "${uv[@]}"
   touch "$stamp"
 fi
+.venv/bin/python -m compileall -q -j 0 connector iceberg quotas >/dev/null   # the project's own, as above
 bash infra/fetch-jars.sh
 $runtime && exit 0
+.venv/bin/python -m compileall -q -j 0 tests infra >/dev/null   # what the tests' processes import
 # PostgreSQL (the production catalog's tests): Debian's server, stopped again after install
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
