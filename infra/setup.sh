@@ -15,16 +15,14 @@ $runtime && extras=''
 stamp=.venv/.stamp-test
 $runtime && stamp=.venv/.stamp-runtime   # a runtime set-up does not stand for the tests' packages
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  # uv links the packages from its cache (~/.cache/uv) where pip unpacks them again: PySpark
-  # alone is 400 MB (a new .venv: about 30 s against 80 s on a 2-core machine)
+  # uv links the packages from its cache (~/.cache/uv) where pip unpacks them again (PySpark
+  # alone is 400 MB). From the cache alone first: online, uv revalidates each package with the
+  # index (about 12 s) and may build PySpark's wheel from its source again (about 25 s; PyPI has
+  # only the source); the pins are exact, and uv goes online when something is not cached.
+  # Bytecode compiled: where PYTHONDONTWRITEBYTECODE is set (many CI and container environments)
+  # no import writes it, and each command and Spark Python worker compiles its imports again
+  # (the CLI's: about 5 s against 1.7 s).
   .venv/bin/pip install -q --disable-pip-version-check "uv==0.13.9"   # the pinned uv, whatever .venv had
-  # from uv's cache alone first: online, uv revalidates each package with the index (about 12 s)
-  # and may build PySpark's wheel from its source again (about 25 s; PyPI has only the source).
-  # The pins are exact (the rest resolve from the index as uv last fetched it); online when
-  # something is missing from the cache.
-  # With bytecode compiled: where PYTHONDONTWRITEBYTECODE is set (as in many CI and container
-  # environments) no import writes it, and every process (each command, each Spark Python
-  # worker) compiles what it imports again: the CLI's imports about 5 s against 1.7 s.
   uv=(.venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -e ".$extras")
   "${uv[@]}" --offline 2>/dev/null || "${uv[@]}"
   touch "$stamp"
