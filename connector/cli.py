@@ -33,6 +33,9 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="log every 
     )
     if not verbose:  # librdkafka's retries while a broker is away: the error says it once
         logging.getLogger("librdkafka").setLevel(logging.CRITICAL)
+    from iceberg.spark import short_lived
+
+    short_lived()  # one command, then the process exits (`run --every` says otherwise)
 
 
 @app.command()
@@ -86,7 +89,9 @@ def run(
 
     Example: `cdclake run -c lake.toml --every 60 --metrics-port 9108 --metrics-host 0.0.0.0`"""
     from connector import service
+    from iceberg.spark import short_lived
 
+    short_lived(every is None)  # a job that stays up keeps the JVM's optimizing compiler
     settings = settings_of(config)
     ready = threading.Event()
     if metrics_port:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from connector.core.errors import SetupError
-from iceberg.catalog import spark_catalog_properties, storage_properties
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -26,6 +25,19 @@ CLASS_ARCHIVE = "cdclake-classes.jsa"  # in the jars' directory: infra/class_arc
 # G1's concurrent work competes with the tasks for the few cores a local driver has:
 # the parallel collector measured 15-35% faster on the compaction's sort and shuffle.
 JAVA_OPTIONS = "-XX:+UseParallelGC"
+# A process that runs one command and exits spends most of its driver JVM's time warming up:
+# each busy method compiled by C1 with profiling, then again by C2, whose threads take the few
+# cores from the work. Compiled by C1 alone, a command finishes sooner (a `compact` of 100,000
+# events 13 - 15 s against 18 - 20 s, docs/performance.md); a job that stays up (`run --every`)
+# keeps C2, whose code is faster once warm.
+SHORT_LIVED_OPTIONS = "-XX:TieredStopAtLevel=1"
+_short_lived = [False]
+
+
+def short_lived(yes: bool = True) -> None:
+    """Whether this process runs one command and exits (the CLI says so before any session
+    starts): its driver JVM then compiles with C1 alone (`SHORT_LIVED_OPTIONS`)."""
+    _short_lived[0] = yes
 
 
 def jars_dir(settings: Settings) -> Path:
@@ -49,6 +61,8 @@ def file_io(settings: Settings) -> dict[str, str]:
     `S3FileIO` (iceberg-aws-bundle) for a warehouse on S3 unless `io-impl` names another, and
     `ADLSFileIO` with its credentials for one on Azure (`iceberg.azure`), and for a local one
     `cdclake.LocalFileIO` (infra/delta-writer: Java's file API, not Hadoop's process a file)."""
+    from iceberg.catalog import storage_properties
+
     props = storage_properties(settings, spark=True)
     if settings.warehouse.startswith(("s3://", "s3a://")):
         props.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
@@ -73,12 +87,14 @@ def driver_conf(settings: Settings) -> dict[str, str]:
     for its executor (150 MB a start under `spark.jars`, left behind by a killed process).
     Otherwise the jars go as `spark.jars`, which Spark ships to the executors. The
     configuration's own `spark.driver.extraClassPath` or `spark.jars` comes after the jars; its own
-    `spark.driver.extraJavaOptions` replace `JAVA_OPTIONS`, with the archive unless they
-    name one (`-Xshare`, `SharedArchiveFile`)."""
+    `spark.driver.extraJavaOptions` replace `JAVA_OPTIONS` (and, in a short-lived process,
+    `SHORT_LIVED_OPTIONS`), with the archive unless they name one (`-Xshare`,
+    `SharedArchiveFile`)."""
     from iceberg import compat_spark
 
     jars, own = spark_jars(settings), settings.spark.conf
-    options = own.get("spark.driver.extraJavaOptions", JAVA_OPTIONS)
+    default = f"{JAVA_OPTIONS} {SHORT_LIVED_OPTIONS}" if _short_lived[0] else JAVA_OPTIONS
+    options = own.get("spark.driver.extraJavaOptions", default)
     if not starts_local_driver(settings):
         shipped = ",".join([*jars, *filter(None, [own.get("spark.jars")])])
         return {"spark.jars": shipped, "spark.driver.extraJavaOptions": options}
@@ -92,6 +108,8 @@ def driver_conf(settings: Settings) -> dict[str, str]:
 
 def spark_conf(settings: Settings) -> dict[str, str]:
     """Jars, the Iceberg extensions and the catalog, as Spark configuration."""
+    from iceberg.catalog import spark_catalog_properties
+
     name = settings.catalog.name
     prefix = f"spark.sql.catalog.{name}"
     conf = {

@@ -69,9 +69,14 @@ def spark(work_root: Path):
 @pytest.fixture(autouse=True)
 def _one_spark_session(request):
     """Tests marked `spark` (or `kafka`: ingest runs on Spark) share the run's session, created
-    once with the test settings, whichever of them runs first."""
+    once with the test settings, whichever of them runs first (a long-lived driver JVM, as the
+    suite's is: `iceberg.spark.short_lived`)."""
+    from iceberg.spark import short_lived
+
     if request.node.get_closest_marker("spark") or request.node.get_closest_marker("kafka"):
         request.getfixturevalue("spark")
+    yield
+    short_lived(False)  # a command this test invoked in the run's process said it was short-lived
 
 
 SASL_PASSWORD = "Endpoint=sb://cdclake-test.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=s3cr3t="

@@ -182,6 +182,24 @@ def test_a_configuration_error_is_one_line_naming_it_and_exit_code_2(tmp_path, m
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
 
 
+@pytest.mark.parametrize("args,short", [(["ingest"], True), (["run"], True), (["run", "--every", "60"], False)])
+def test_one_command_starts_a_short_lived_driver_and_a_job_that_stays_up_a_long_lived_one(tmp_path, args, short):
+    """A command that runs once and exits gives the driver JVM it starts the options of a short
+    life (the JVM's first compiler alone); `run --every` does not. Said before the settings
+    are read: here they fail, and no session starts."""
+    from typer.testing import CliRunner
+
+    from connector.cli import app
+    from iceberg.spark import SHORT_LIVED_OPTIONS, driver_conf
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("a = [\n")
+    result = CliRunner().invoke(app, [*args, "--config", str(cfg)])
+    assert result.exit_code == 2 and "is not valid TOML" in result.output, result.output
+    options = driver_conf(load_settings(work_dir=tmp_path))["spark.driver.extraJavaOptions"]
+    assert (SHORT_LIVED_OPTIONS in options.split()) is short, options
+
+
 def test_a_line_over_the_sources_limit_is_not_parsed(tmp_path):
     f = tmp_path / "dump.jsonl"
     f.write_text('{"topic": "t", "partition": 0, "offset": 0, "payload": "' + "x" * 500 + '"}\n')

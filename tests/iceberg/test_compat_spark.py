@@ -306,7 +306,7 @@ def test_a_local_driver_has_the_jars_on_its_class_path_after_sparks_own_and_the_
     JVM options name one. Under spark-submit or for a cluster: `spark.jars`, then the
     configuration's."""
     from connector.core.config import load_settings
-    from iceberg.spark import CLASS_ARCHIVE, JAVA_OPTIONS, driver_conf
+    from iceberg.spark import CLASS_ARCHIVE, JAVA_OPTIONS, SHORT_LIVED_OPTIONS, driver_conf, short_lived
 
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
     jars = tmp_path / "jars space"
@@ -332,6 +332,12 @@ def test_a_local_driver_has_the_jars_on_its_class_path_after_sparks_own_and_the_
         "spark.driver.extraJavaOptions": f"-Xmx1g {archive}",
     }
     assert conf(conf={"spark.driver.extraJavaOptions": "-Xshare:off"})["spark.driver.extraJavaOptions"] == "-Xshare:off"
+    short_lived()  # a process running one command: C1 alone, unless the configuration gives options
+    quick = f"{JAVA_OPTIONS} {SHORT_LIVED_OPTIONS}"
+    assert conf() == local | {"spark.driver.extraJavaOptions": f"{quick} {archive}"}
+    assert conf(conf=own)["spark.driver.extraJavaOptions"] == f"-Xmx1g {archive}"
+    assert conf(master="spark://127.0.0.1:7077")["spark.driver.extraJavaOptions"] == quick
+    short_lived(False)
     shipped = {"spark.jars": ",".join(names), "spark.driver.extraJavaOptions": JAVA_OPTIONS}
     assert conf(master="spark://127.0.0.1:7077") == conf(master="k8s://https://h:443") == shipped
     assert conf(master="spark://h:7077", conf={"spark.jars": "/x.jar"})["spark.jars"] == ",".join([*names, "/x.jar"])
