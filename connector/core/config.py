@@ -268,8 +268,9 @@ class SparkConfig(Section):
     conf: dict[str, str] = Field(
         default_factory=dict,
         description='more Spark settings, e.g. {"spark.executor.memory" = "8g"}; they win, but for the '
-        "driver's class path and `spark.jars` (after the project's jars) and its JVM options (with the "
-        "class archive unless they name one)",
+        "driver's class path and `spark.jars` (after the project's jars) and its JVM options (they "
+        "replace the product's, -XX:+UseParallelGC and, in a command that runs once, "
+        "-XX:TieredStopAtLevel=1; with the class archive unless they name one)",
     )
 
     @field_validator("master")
