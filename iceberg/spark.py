@@ -145,12 +145,20 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 
 
 def configure_spark(builder: SparkSession.Builder, settings: Settings) -> SparkSession.Builder:
-    """Takes a builder, returns it with jars, the Iceberg extensions and the catalog set."""
+    """Takes a builder, returns it with jars, the Iceberg extensions and the catalog set. The
+    driver's class path, jars and JVM options (`driver_conf`) only while no JVM runs: a running
+    driver keeps those it started with, and a session of it given others (by a later command
+    in the same process, short-lived where the first was not) would hand them to the sessions
+    made from it, which cannot take them."""
+    from iceberg import compat_spark
+
     builder = builder.appName("cdclake")
     if settings.spark.master:  # else the one spark-submit was given, or local[*]
         builder = builder.master(settings.spark.master)
+    fixed = driver_conf(settings).keys() if compat_spark.jvm_started() else set()
     for k, v in spark_conf(settings).items():
-        builder = builder.config(k, v)
+        if k not in fixed:
+            builder = builder.config(k, v)
     return builder
 
 
