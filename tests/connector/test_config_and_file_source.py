@@ -196,7 +196,12 @@ def test_one_command_starts_a_short_lived_driver_and_a_job_that_stays_up_a_long_
     cfg.write_text("a = [\n")
     result = CliRunner().invoke(app, [*args, "--config", str(cfg)])
     assert result.exit_code == 2 and "is not valid TOML" in result.output, result.output
-    options = driver_conf(load_settings(work_dir=tmp_path))["spark.driver.extraJavaOptions"]
+    jars = tmp_path / "jars"  # the driver's options need no real jars
+    jars.mkdir()
+    for name in ("cdclake-delta-writer.jar", "iceberg-spark-runtime-x.jar"):
+        (jars / name).write_bytes(b"")
+    options = driver_conf(load_settings(work_dir=tmp_path, spark={"jars_dir": str(jars)}))
+    options = options["spark.driver.extraJavaOptions"]
     assert (SHORT_LIVED_OPTIONS in options.split()) is short, options
 
 
