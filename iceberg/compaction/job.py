@@ -37,10 +37,8 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from connector.core.ordering import newest_truncate
-from iceberg import leases
 from iceberg.catalog import Loaded
 from iceberg.compaction import dedupe, schema, winners, writes
-from iceberg.compaction.checkpoints import releasing_checkpoints
 from iceberg.compaction.commits import RoundCommits
 from iceberg.compaction.policy import CompactionPolicy, plan
 from iceberg.compaction.quiet import left_dirty, seen_entries
@@ -78,25 +76,22 @@ def compact(
 ) -> CompactionReport:
     """Compacts what is due in one source table; returns what it did. One round per table
     at a time: the round holds the table's `compaction` lease (waiting up to `wait` seconds
-    for another holder) and renews it before each commit."""
-    now = utc(now)
-    lease = leases.acquire(catalog, names.state, "compaction", wait)
-    try:
-        with releasing_checkpoints(spark):
-            return Round(spark, catalog, names, policy, now, lease).run(force)
-    finally:
-        lease.release()
+    for another holder) and renews it before each commit. The round runs as a pass's would
+    (`shared.compact_tables`: a small one read as a group of one, its rows read in the
+    driver's JVM), so whoever calls this runs the production route."""
+    from iceberg.compaction.shared import compact_tables
+
+    reports, failures = compact_tables(spark, catalog, [(names, policy)], utc(now), force, wait, 1)
+    for _, e in failures:
+        raise e
+    return reports[0]
 
 
 class Round(RoundCommits):
     """One compaction round of one source table. `run` is the module docstring's steps in
     order; each step is a method, and what a step finds is kept on the round for the next
-    (the writes and the upkeep, 5 - 8, in `iceberg.compaction.commits`)."""
-
-    def run(self, force: bool) -> CompactionReport:
-        self.begin(force)
-        self.read()
-        return self.finish()
+    (the writes and the upkeep, 5 - 8, in `iceberg.compaction.commits`); a pass
+    (`shared.compact_tables`) runs `begin`, then `read` or a shared read, then `finish`."""
 
     def begin(self, force: bool) -> None:
         """1. The plan."""

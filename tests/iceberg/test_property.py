@@ -119,6 +119,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     packed=st.booleans(),
     maintain=st.booleans(),
     merged=st.booleans(),
+    alone=st.booleans(),
 )
 # a delete and its bare tombstone in one round: the tombstone wins and carries the delete's position
 @example(
@@ -128,6 +129,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     packed=True,
     maintain=False,
     merged=False,
+    alone=False,
 )
 # a truncate after a delete (defect of earlier versions): the tombstone keeps the delete's own metadata
 @example(
@@ -137,6 +139,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     packed=True,
     maintain=False,
     merged=False,
+    alone=False,
 )
 # under log, a truncate compares enqueued times across partitions, not offsets
 @example(
@@ -146,6 +149,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     packed=True,
     maintain=False,
     merged=False,
+    alone=False,
 )
 # stale events within one round, and a snapshot replayed after a streamed change under log
 @example(
@@ -155,6 +159,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     packed=True,
     maintain=False,
     merged=False,
+    alone=False,
 )
 @example(
     stream=[(0, "c", 5, False), (0, "u", 3, False), (0, "u", 7, False), (0, "r", 7, False)],
@@ -163,6 +168,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     packed=True,
     maintain=False,
     merged=False,
+    alone=False,
 )
 # under log, a streamed change, a truncate after it, then a snapshot row of the key: the
 # truncate removes the change and the snapshot row is the key's (in one round or two)
@@ -173,6 +179,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     packed=True,
     maintain=False,
     merged=False,
+    alone=False,
 )
 @example(
     stream=[(0, "u", 3, False), (1, "t", 1, False), (0, "r", 1, False)],
@@ -181,6 +188,7 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     packed=True,
     maintain=False,
     merged=False,
+    alone=False,
 )
 # under log, two truncates in one round: a snapshot row between them is no stale event;
 # a delete before both keeps guarding after them; a re-delivered change after both
@@ -199,9 +207,10 @@ def to_lines(stream, ordering: str, table: str = "things") -> list[str]:
     packed=True,
     maintain=False,
     merged=False,
+    alone=False,
 )
 def test_random_stream_in_random_batches_matches_the_model(
-    spark, settings, stream, cuts, ordering, packed, maintain, merged
+    spark, settings, stream, cuts, ordering, packed, maintain, merged, alone
 ):
     """`packed`: the packed order key wherever a round fits (as in production for rounds of
     more than `small_round` events), else the general route (the window) for every round,
@@ -209,7 +218,11 @@ def test_random_stream_in_random_batches_matches_the_model(
     `maintain`: after every round, a table with more than one data file is rewritten and
     every snapshot that may go is expired (later rounds find their cleaner points after
     that). `merged`: such a large round MERGEs into tables holding rows (as one of more than
-    `DELTA_ROUND` events does), else it writes through Iceberg's API."""
+    `DELTA_ROUND` events does), else it writes through Iceberg's API. `alone`: a small round
+    reads its own rows by Spark's scans (as one does whose state is too large to read in the
+    driver's JVM), else as a group of one, read there (as a small table's in production)."""
+    from iceberg.compaction import shared
+
     lines = to_lines(stream, ordering)
     path = write_lines(Path(tempfile.mkdtemp()) / "in.jsonl", lines)
     s = with_source(
@@ -230,8 +243,15 @@ def test_random_stream_in_random_batches_matches_the_model(
         if not load_catalog(s).table_exists(names(s, "things").log):
             continue  # only dead letters so far
         assert_usage_told_by_metadata(s, "things", compacted=False)
-        with mock.patch.object(job, "DELTA_ROUND", -1 if merged else job.DELTA_ROUND):
+        with (
+            mock.patch.object(job, "DELTA_ROUND", -1 if merged else job.DELTA_ROUND),
+            mock.patch.object(shared, "JVM_ROWS", -1 if alone else shared.JVM_ROWS),
+            mock.patch.object(shared, "read_together", wraps=shared.read_together) as together,
+        ):
             report = compact_table(spark, s, "things", packed=packed, maintenance=EAGER if maintain else None)
+        # the route taken: a group of one wherever the round is small, has no truncate and is not alone
+        truncated = any('"op": "t"' in (json.loads(x)["payload"] or "") for x in lines[:b])  # this round's or a marker
+        assert together.called == (bool(report.events) and not (packed or alone or truncated)), (report, together)
         assert not [a for a in report.maintenance if a.startswith("failed")], report.maintenance  # best effort: logged
         stale += report.stale
         assert_recorded_bytes_are_held(s, "things")
