@@ -291,7 +291,7 @@ def compact_tables(
             for ordering in sorted({r.policy.ordering for r, ok in planned if ok}):
                 group = [r for r, ok in planned if ok and r.policy.ordering == ordering]
                 if len(group) == 1 and not readable_in_jvm(group[0]):
-                    continue  # a large state alone: its round's own read (Spark's scans, compiled)
+                    continue  # alone, a state the JVM read cannot take (too large, no position text): its own read
                 for start in range(0, len(group), GROUP_TABLES):
                     chunk = group[start : start + GROUP_TABLES]
                     try:
