@@ -82,8 +82,8 @@ def compact(
     from iceberg.compaction.shared import compact_tables
 
     reports, failures = compact_tables(spark, catalog, [(names, policy)], utc(now), force, wait, 1)
-    for _, e in failures:
-        raise e
+    if failures:
+        raise failures[0][1]
     return reports[0]
 
 
