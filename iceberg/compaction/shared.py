@@ -183,21 +183,22 @@ def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
     found = dedupe.latest_per_key(ranked, held=True).withColumn("_table", _table()).coalesce(tasks)
     found = found.localCheckpoint(eager=True)
     changes = dedupe.resolve(found, None, ordering)
-    keys = {i: (n, s or 0) for i, n, s in found.groupBy("_table").agg(F.count(F.lit(1)), F.sum("_stale")).collect()}
-    stale = sum(s for _, s in keys.values())
     upsert = F.col("_action") == "upsert"
-    counts = {
-        r["_table"]: r
-        for r in changes.groupBy("_table")
-        .agg(
+    per_table = [  # in one query: a job each cost more (docs/performance.md)
+        found.groupBy("_table").agg(F.count(F.lit(1)).alias("_keys"), F.sum("_stale").alias("_stale")),
+        changes.groupBy("_table").agg(
             F.count(F.lit(1)).alias("n"),
             F.sum(upsert.cast("int")).alias("up"),
             F.collect_set(F.when(upsert, F.col("_after_types"))).alias("signatures"),
             *[writes.held_keys(c).alias(c) for c, _ in dedupe.HELD_COLUMNS],
-        )
-        .collect()
-    }
-    delta = writes.bytes_delta(changes, None, broadcast=True, by=("_table",), carried=True)
+        ),
+        writes.bytes_rows(changes, None, broadcast=True, by=("_table",), carried=True),
+    ]
+    found_by = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), per_table).collect()
+    keys = {r["_table"]: (r["_keys"], r["_stale"] or 0) for r in found_by if r["_keys"] is not None}
+    stale = sum(s for _, s in keys.values())
+    counts = {r["_table"]: r for r in found_by if r["n"] is not None}
+    delta = writes.bytes_by([r for r in found_by if r["_t"] is not None], ("_table",))
     reasons: dict[int, dict[str, int]] = {}
     stale_parts = None
     if stale:

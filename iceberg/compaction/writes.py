@@ -128,10 +128,27 @@ def bytes_delta(
     changes: DataFrame, held_rows: DataFrame | None, broadcast: bool, by: tuple[str, ...] = (), carried: bool = False
 ) -> dict[tuple[object, ...], dict[str, dict[str, int]]]:
     """Per value of the columns `by` (`()` without them), table ('s' the state, 't' the
-    tombstones) and stream, the bytes the changes add: an upsert's (a delete's) row to the
-    state (tombstones), less the row each changed key held: found in `held_rows` (the
-    changed keys go to every task of its semi-join where `broadcast`), or `carried` by the
-    changes (`dedupe.latest_per_key` with `held`)."""
+    tombstones) and stream, the bytes the changes add (`bytes_rows`, collected)."""
+    return bytes_by(bytes_rows(changes, held_rows, broadcast, by, carried).collect(), by)
+
+
+def bytes_by(rows: list[Any], by: tuple[str, ...]) -> dict[tuple[object, ...], dict[str, dict[str, int]]]:
+    """`bytes_rows`'s rows (grouped by the columns `by`) by group, table and stream."""
+    out: dict[tuple[object, ...], dict[str, dict[str, int]]] = {}
+    for row in rows:
+        stream = f"{row['_topic']}:{row['_partition_id']}"
+        out.setdefault(tuple(row[c] for c in by), {}).setdefault(row["_t"], {})[stream] = row["_bytes"] or 0
+    return out
+
+
+def bytes_rows(
+    changes: DataFrame, held_rows: DataFrame | None, broadcast: bool, by: tuple[str, ...] = (), carried: bool = False
+) -> DataFrame:
+    """Per value of the columns `by`, table (`_t`: 's' the state, 't' the tombstones) and
+    stream (`_topic`, `_partition_id`), the bytes the changes add (`_bytes`): an upsert's (a
+    delete's) row to the state (tombstones), less the row each changed key held: found in
+    `held_rows` (the changed keys go to every task of its semi-join where `broadcast`), or
+    `carried` by the changes (`dedupe.latest_per_key` with `held`)."""
     frames = [
         changes.where(F.col("_action").isin("upsert", "delete")).select(
             *by,
@@ -159,11 +176,8 @@ def bytes_delta(
                 (-F.col("_payload_bytes")).alias("_b"),
             )
         )
-    delta = reduce(DataFrame.unionByName, frames).groupBy(*by, "_t", "_topic", "_partition_id").agg(F.sum("_b"))
-    out: dict[tuple[object, ...], dict[str, dict[str, int]]] = {}
-    for *group, t, topic, part, b in delta.collect():
-        out.setdefault(tuple(group), {}).setdefault(t, {})[f"{topic}:{part}"] = b or 0
-    return out
+    grouped = reduce(DataFrame.unionByName, frames).groupBy(*by, "_t", "_topic", "_partition_id")
+    return grouped.agg(F.sum("_b").alias("_bytes"))
 
 
 def held_keys(column: str) -> Column:
