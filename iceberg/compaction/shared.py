@@ -47,6 +47,10 @@ READ_CHUNKS = 4  # the shared read's queries: its tables in this many chunks, re
 # A round whose state and tombstones hold at most this many rows reads its tables in the
 # driver's JVM (`compat_spark.jvm_reads`: no Spark scan per table; the rows read one at a time)
 JVM_ROWS = 100_000
+# A chunk of the shared read of at most this many events, read in the driver's JVM, is read
+# by the queries after it as it is (local relations: Spark's analysis walks each of their rows
+# in every frame built on them, so a larger chunk's rows are checkpointed first)
+LOCAL_EVENTS = 10_000
 
 
 def _table() -> Column:
@@ -157,8 +161,13 @@ def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
     def read(chunk: list[int]) -> tuple[DataFrame, DataFrame | None]:
         """The dirty events of the rounds `chunk` (their indexes) in one query, then the rows
         their tables hold for their keys in one semi-join, each read into the driver's memory
-        by one task (a union of the tables' scans is otherwise a task or more per table)."""
+        by one task (a union of the tables' scans is otherwise a task or more per table). A
+        chunk of at most `LOCAL_EVENTS` events read wholly in the driver's JVM is there
+        already, each held row one of its keys': no query."""
         jvm = [i for i in chunk if readable_in_jvm(rounds[i])]
+        if len(jvm) == len(chunk) and sum(rounds[i].report.events for i in chunk) <= LOCAL_EVENTS:
+            events, held = in_jvm(jvm)
+            return events, winners.positions(_union(held), at=True) if held else None
         built = [frames(i, rounds[i]) for i in chunk if i not in jvm] + ([in_jvm(jvm)] if jvm else [])
         events = _union([e for e, _ in built]).coalesce(1).localCheckpoint(eager=True)
         held = [h for _, hs in built for h in hs]

@@ -314,8 +314,9 @@ def assert_matches_model(s, table: str, events: list, bounds: list[int], orderin
 def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams, cuts, ordering, in_jvm, compiled):
     """Several tables' streams, one after another in one source, ingested in random splits;
     after each ingest one pass compacts every table, rounds running at once, their tables read
-    together by Spark's scans or in the driver's JVM (`in_jvm`), their queries' code compiled
-    or interpreted (`compiled`): each table ends with the model's tables for its own events."""
+    together by Spark's scans or in the driver's JVM (`in_jvm`), as a large shared read
+    (`compiled`: its queries' code compiled, the chunks read in the JVM checkpointed) or a
+    small one: each table ends with the model's tables for its own events."""
     from iceberg.compaction import shared
 
     tables = [f"things{i}" for i in range(len(streams))]
@@ -332,6 +333,7 @@ def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams,
     with (
         mock.patch.object(shared, "JVM_ROWS", shared.JVM_ROWS if in_jvm else -1),
         mock.patch.object(shared, "COMPILED_EVENTS", -1 if compiled else shared.COMPILED_EVENTS),
+        mock.patch.object(shared, "LOCAL_EVENTS", -1 if compiled else shared.LOCAL_EVENTS),
         mock.patch.object(shared, "read_together", wraps=shared.read_together) as read_together,
         mock.patch.object(shared.compat_spark, "jvm_reads", wraps=shared.compat_spark.jvm_reads) as jvm_reads,
         mock.patch.object(shared.log, "warning", wraps=shared.log.warning) as warned,
