@@ -203,11 +203,11 @@ def read_together(spark: SparkSession, rounds: list[Round]) -> dict[int, Share]:
         ),
         writes.bytes_rows(changes, None, broadcast=True, by=("_table",), carried=True),
     ]
-    found_by = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), per_table).collect()
-    keys = {r["_table"]: (r["_keys"], r["_stale"] or 0) for r in found_by if r["_keys"] is not None}
+    by_table = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), per_table).collect()
+    keys = {r["_table"]: (r["_keys"], r["_stale"] or 0) for r in by_table if r["_keys"] is not None}
     stale = sum(s for _, s in keys.values())
-    counts = {r["_table"]: r for r in found_by if r["n"] is not None}
-    delta = writes.bytes_by([r for r in found_by if r["_t"] is not None], ("_table",))
+    counts = {r["_table"]: r for r in by_table if r["n"] is not None}
+    delta = writes.bytes_by([r for r in by_table if r["_t"] is not None], ("_table",))
     reasons: dict[int, dict[str, int]] = {}
     stale_parts = None
     if stale:
