@@ -88,10 +88,10 @@ def compact(
 
 
 class Round(RoundCommits):
-    """One compaction round of one source table. `run` is the module docstring's steps in
-    order; each step is a method, and what a step finds is kept on the round for the next
-    (the writes and the upkeep, 5 - 8, in `iceberg.compaction.commits`); a pass
-    (`shared.compact_tables`) runs `begin`, then `read` or a shared read, then `finish`."""
+    """One compaction round of one source table: the module docstring's steps, each a method,
+    and what a step finds is kept on the round for the next (the writes and the upkeep, 5 - 8,
+    in `iceberg.compaction.commits`); a pass (`shared.compact_tables`) runs `begin`, then
+    `read` or a shared read, then `finish`."""
 
     def begin(self, force: bool) -> None:
         """1. The plan."""

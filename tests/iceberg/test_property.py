@@ -311,6 +311,15 @@ def assert_matches_model(s, table: str, events: list, bounds: list[int], orderin
     in_jvm=st.booleans(),
     compiled=st.booleans(),
 )
+# small rounds read in the driver's JVM and used as local relations (`shared.LOCAL_EVENTS`),
+# into rows held from the round before, with a delete and its bare tombstone
+@example(
+    streams=[[(0, "c", 1, False), (1, "u", 2, False)], [(2, "c", 1, False), (2, "d", 2, True), (3, "u", 3, False)]],
+    cuts=[2, 4],
+    ordering="source",
+    in_jvm=True,
+    compiled=False,
+)
 def test_tables_compacted_at_once_each_match_the_model(spark, settings, streams, cuts, ordering, in_jvm, compiled):
     """Several tables' streams, one after another in one source, ingested in random splits;
     after each ingest one pass compacts every table, rounds running at once, their tables read
